@@ -1,0 +1,306 @@
+"""One YAML file per run, dot-notation overrides, a typed schema, clear errors.
+
+    cfg = load_config("train.yaml", ["training.learning_rate=5e-6",
+                                     "data.datasets.0.weight=2"], TrainConfig)
+
+Schemas are pydantic models deriving from :class:`Section`, which forbids
+unknown keys. Every validation problem becomes one :class:`ConfigError` that
+names the file, the line, the dotted key, and what would fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from pt_core.errors import ConfigError
+from pt_core.files import atomic_write_text
+
+S = TypeVar("S", bound=BaseModel)
+
+
+class Section(BaseModel):
+    """Base of every config schema: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+# --------------------------------------------------------------------------- YAML with lines
+
+
+def _line_map(node: yaml.Node, prefix: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Map every dotted key path in a composed YAML document to its 1-based line."""
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            path = (*prefix, str(key_node.value))
+            out[path] = key_node.start_mark.line + 1
+            _line_map(value_node, path, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            path = (*prefix, i)
+            out[path] = item.start_mark.line + 1
+            _line_map(item, path, out)
+    return out
+
+
+def read_yaml(path: str | os.PathLike) -> tuple[dict, dict[tuple, int]]:
+    """Parse a YAML mapping; return it and its key -> line map."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{p}: config file not found")
+    text = p.read_text(encoding="utf-8")
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark else str(p)
+        raise ConfigError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{p}: expected a mapping of keys at the top level, got {type(data).__name__}"
+        )
+    return data, (_line_map(node) if node is not None else {})
+
+
+# --------------------------------------------------------------------------- overrides
+
+_FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def parse_value(text: str) -> Any:
+    """An override value: YAML scalars and flow collections, with ``5e-6`` read as a float
+    (plain YAML 1.1 would keep it a string)."""
+    if _FLOAT_RE.match(text) and not re.fullmatch(r"[+-]?\d+", text):
+        return float(text)
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b.c=value`` overrides in place; list items by index (``datasets.0.weight=2``)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(
+                f"override {item!r} has no '='",
+                hint="write overrides as key.path=value, e.g. training.lr=1e-5",
+            )
+        dotted, raw = item.split("=", 1)
+        keys = dotted.strip().split(".")
+        if not all(keys):
+            raise ConfigError(f"override {item!r}: empty key in {dotted!r}")
+        node: Any = data
+        for depth, key in enumerate(keys[:-1]):
+            node = _step(node, key, keys[: depth + 1], item, create=True)
+        _assign(node, keys[-1], parse_value(raw.strip()), keys, item)
+    return data
+
+
+def _step(node: Any, key: str, path: list[str], item: str, create: bool) -> Any:
+    if isinstance(node, list):
+        if create and key == str(len(node)):
+            node.append({})  # datasets.2.path=... adds a third item to a two-item list
+        return node[_index(node, key, path, item)]
+    if isinstance(node, dict):
+        if key not in node or node[key] is None:
+            if not create:
+                raise ConfigError(f"override {item!r}: no key {'.'.join(path)!r}")
+            node[key] = {}
+        return node[key]
+    raise ConfigError(
+        f"override {item!r}: {'.'.join(path[:-1])!r} is a {type(node).__name__}, not a mapping or list"
+    )
+
+
+def _assign(node: Any, key: str, value: Any, path: list[str], item: str) -> None:
+    if isinstance(node, list):
+        if key == str(len(node)):
+            node.append(value)
+        else:
+            node[_index(node, key, path, item)] = value
+    elif isinstance(node, dict):
+        node[key] = value
+    else:
+        raise ConfigError(f"override {item!r}: cannot set a key inside a {type(node).__name__}")
+
+
+def _index(node: list, key: str, path: list[str], item: str) -> int:
+    if not re.fullmatch(r"-?\d+", key):
+        raise ConfigError(
+            f"override {item!r}: {'.'.join(path[:-1])!r} is a list; use an index, not {key!r}",
+            hint=f"e.g. {'.'.join([*path[:-1], '0'])}",
+        )
+    index = int(key)
+    if not -len(node) <= index < len(node):
+        raise ConfigError(
+            f"override {item!r}: index {index} is out of range for "
+            f"{'.'.join(path[:-1])!r}, which has {len(node)} item(s)"
+        )
+    return index
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate(
+    data: dict,
+    schema: type[S],
+    *,
+    source: str = "<config>",
+    lines: dict[tuple, int] | None = None,
+    overridden: set[tuple] | None = None,
+) -> S:
+    """Validate ``data`` against ``schema``; turn pydantic's errors into one clear ConfigError."""
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        problems = [
+            _describe(err, schema, data, source, lines or {}, overridden or set())
+            for err in exc.errors()
+        ]
+        header = (
+            f"{source}: {len(problems)} problem(s) in the config" if len(problems) > 1 else None
+        )
+        raise ConfigError("\n".join([header, *problems] if header else problems)) from None
+
+
+def _describe(
+    err: dict, schema: type[BaseModel], data: dict, source: str, lines, overridden
+) -> str:
+    loc = tuple(
+        p
+        for p in err["loc"]
+        if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))
+    )
+    dotted = ".".join(map(str, loc)) or "<top level>"
+    where = _where(loc, source, lines, overridden)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        valid = _valid_keys(schema, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        level = ".".join(map(str, loc[:-1])) or "the top level"
+        msg = f"{where}: unknown key {dotted!r}; valid keys at {level}: {', '.join(valid)}"
+        if close:
+            msg += f"\n  fix: did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}?"
+        return msg
+    if kind == "missing":
+        return f"{where}: missing required key {dotted!r}\n  fix: add it to the config or pass {dotted}=..."
+    value = err.get("input")
+    expected = _expected_type(schema, loc) or err["msg"]
+    shown = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return f"{where}: key {dotted!r} has value {shown}, expected {expected} ({err['msg']})"
+
+
+def _where(loc: tuple, source: str, lines, overridden) -> str:
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in overridden:
+            return f"override {'.'.join(map(str, loc[:n]))}"
+        if loc[:n] in lines:
+            return f"{source}:{lines[loc[:n]]}"
+    return source
+
+
+def _model_at(schema: Any, loc: tuple) -> Any:
+    """Follow a location through nested models, lists and dicts to the annotation there."""
+    node: Any = schema
+    for part in loc:
+        node = _unwrap(node)
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = node.model_fields.get(str(part))
+            if field is None:
+                return None
+            node = field.annotation
+        elif typing.get_origin(node) in (list, tuple, set):
+            node = typing.get_args(node)[0] if typing.get_args(node) else Any
+        elif typing.get_origin(node) is dict:
+            node = typing.get_args(node)[1] if typing.get_args(node) else Any
+        else:
+            return None
+    return _unwrap(node)
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Optional[X] / X | None -> X; Annotated[X, ...] -> X."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(args) == 1:
+            return _unwrap(args[0])
+        if len(models) == 1:
+            return models[0]
+    return annotation
+
+
+def _valid_keys(schema: type[BaseModel], loc: tuple) -> list[str]:
+    node = _model_at(schema, loc)
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return list(node.model_fields)
+    return []
+
+
+def _expected_type(schema: type[BaseModel], loc: tuple) -> str | None:
+    node = _model_at(schema, loc)
+    if node is None:
+        return None
+    if typing.get_origin(node) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(node)))
+    return getattr(node, "__name__", None) or str(node).replace("typing.", "")
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | None, schema: type[S]) -> S:
+    """Read YAML, apply overrides, validate against ``schema``."""
+    data, lines = read_yaml(path) if path is not None else ({}, {})
+    overrides = list(overrides or [])
+    overridden = {tuple(_as_loc(o.split("=", 1)[0])) for o in overrides if "=" in o}
+    apply_overrides(data, overrides)
+    return validate(
+        data,
+        schema,
+        source=str(path) if path else "<overrides>",
+        lines=lines,
+        overridden=overridden,
+    )
+
+
+def _as_loc(dotted: str) -> list:
+    return [int(k) if re.fullmatch(r"\d+", k) else k for k in dotted.strip().split(".")]
+
+
+def config_to_dict(cfg: BaseModel) -> dict:
+    return cfg.model_dump(mode="json")
+
+
+def config_hash(cfg: BaseModel | dict) -> str:
+    """A short stable hash of a config's content (key order does not matter)."""
+    data = config_to_dict(cfg) if isinstance(cfg, BaseModel) else cfg
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def freeze_config(cfg: BaseModel, run_dir: str | os.PathLike, name: str = "config.yaml") -> Path:
+    """Write the final config (after overrides) into the run directory, atomically."""
+    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True)
+    return atomic_write_text(Path(run_dir) / name, text)

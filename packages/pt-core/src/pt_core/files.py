@@ -1,0 +1,269 @@
+"""Reading and writing row files (jsonl, json, parquet) and atomic outputs.
+
+Every output is first written under a temporary name in the destination's
+directory and renamed into place only when complete, so a crash never leaves a
+half-written file that looks finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pt_core.errors import InputError
+
+ROW_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+# --------------------------------------------------------------------------- atomic
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it onto ``path``.
+
+    Works for files and directories. On an exception the temporary path is
+    removed and ``path`` is left as it was.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    target = tmp / final.name
+    try:
+        yield target
+        if not target.exists():
+            raise RuntimeError(f"atomic_path: nothing was written to {target}")
+        _replace(target, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace(src: Path, dst: Path) -> None:
+    if src.is_dir():
+        if dst.exists():
+            # Move the old one aside first: os.replace cannot swap over a non-empty dir.
+            old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+            os.replace(dst, old)
+            os.replace(src, dst)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(src, dst)
+    else:
+        if dst.is_dir():
+            raise InputError(f"{dst} is a directory; expected a file path")
+        with open(src, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(src, dst)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def row_files(path: str | os.PathLike) -> list[Path]:
+    """The row files behind ``path``: the file itself, or a directory's shards in order."""
+    p = Path(path)
+    if p.is_dir():
+        shards = sorted(
+            f for f in p.iterdir() if f.suffix in ROW_SUFFIXES and not f.name.startswith(".")
+        )
+        if not shards:
+            raise InputError(
+                f"{p}: directory holds no .jsonl, .json or .parquet files",
+                hint="point at a data file or at a directory of shards",
+            )
+        return shards
+    if not p.exists():
+        raise InputError(f"{p}: no such file or directory")
+    if p.suffix not in ROW_SUFFIXES:
+        raise InputError(
+            f"{p}: unknown row file type '{p.suffix}'",
+            hint="use .jsonl, .json (an array of objects) or .parquet",
+        )
+    return [p]
+
+
+def iter_rows(
+    path: str | os.PathLike, *, skip_bad: bool = False, bad_counter: list[int] | None = None
+) -> Iterator[dict]:
+    """Stream rows from a jsonl/json/parquet file or a directory of shards.
+
+    A malformed jsonl line raises :class:`InputError` naming file and line, or,
+    with ``skip_bad``, is skipped and counted in ``bad_counter[0]``.
+    """
+    for f in row_files(path):
+        if f.suffix == ".jsonl":
+            yield from _iter_jsonl(f, skip_bad, bad_counter)
+        elif f.suffix == ".json":
+            yield from _iter_json_array(f)
+        else:
+            yield from _iter_parquet(f)
+
+
+def read_rows(path: str | os.PathLike, *, skip_bad: bool = False) -> list[dict]:
+    return list(iter_rows(path, skip_bad=skip_bad))
+
+
+def _iter_jsonl(f: Path, skip_bad: bool, bad_counter: list[int] | None) -> Iterator[dict]:
+    with open(f, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+            except ValueError as exc:
+                if skip_bad:
+                    if bad_counter is not None:
+                        bad_counter[0] += 1
+                    continue
+                raise InputError(
+                    f"{f}:{lineno}: malformed JSON line ({exc})",
+                    hint="fix or remove that line, or pass --skip-bad to skip and count bad lines",
+                ) from None
+            yield row
+
+
+def _iter_json_array(f: Path) -> Iterator[dict]:
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise InputError(f"{f}:{getattr(exc, 'lineno', '?')}: malformed JSON ({exc})") from None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise InputError(f"{f}: expected a JSON array of objects, got {type(data).__name__}")
+    for i, row in enumerate(data):
+        if not isinstance(row, dict):
+            raise InputError(f"{f}: element {i} is {type(row).__name__}, expected an object")
+        yield row
+
+
+def _iter_parquet(f: Path, batch_size: int = 1024) -> Iterator[dict]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(f)
+    except Exception as exc:  # pyarrow raises several unrelated types for a bad file
+        raise InputError(f"{f}: not a readable parquet file ({exc})") from None
+    for batch in pf.iter_batches(batch_size=batch_size):
+        yield from batch.to_pylist()
+
+
+def count_rows(path: str | os.PathLike) -> int:
+    total = 0
+    for f in row_files(path):
+        if f.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            total += pq.ParquetFile(f).metadata.num_rows
+        else:
+            total += sum(1 for _ in iter_rows(f))
+    return total
+
+
+def require_columns(row: dict, columns: Iterable[str], source: str) -> None:
+    """Raise one clear error naming the missing columns and the ones that exist."""
+    missing = [c for c in columns if c not in row]
+    if missing:
+        raise InputError(
+            f"{source}: missing column(s) {', '.join(map(repr, missing))}; "
+            f"the rows have: {', '.join(map(repr, row))}",
+            hint="rename the column in the data, or point the key option at an existing one",
+        )
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_rows(path: str | os.PathLike, rows: Iterable[dict]) -> Path:
+    """Write rows to ``path`` atomically; the format follows the suffix (.jsonl or .parquet)."""
+    p = Path(path)
+    if p.suffix == ".jsonl":
+        with atomic_path(p) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
+    elif p.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = list(rows)
+        try:
+            table = pa.Table.from_pylist(rows)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise InputError(
+                f"{p}: rows do not share one type per column ({exc})",
+                hint="write .jsonl instead, or make each column hold one type",
+            ) from None
+        with atomic_path(p) as tmp:
+            pq.write_table(table, tmp)
+    else:
+        raise InputError(f"{p}: cannot write '{p.suffix}' rows", hint="use .jsonl or .parquet")
+    return p
+
+
+def _json_default(obj: Any):
+    # numpy scalars and arrays, which pyarrow and torch code hand back
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
+
+
+class JsonlAppender:
+    """Append rows to ``<path>.partial`` durably, then finalise by renaming onto ``path``.
+
+    Used by stages that resume: rows already in the partial file survive a
+    crash, and only the line in flight can be lost (a torn last line is dropped
+    on reopen).
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.partial = self.path.with_name(self.path.name + ".partial")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repair_torn_tail()
+        self._fh = open(self.partial, "a", encoding="utf-8")  # noqa: SIM115 (held until finalize)
+
+    def existing_rows(self) -> Iterator[dict]:
+        if self.partial.exists():
+            yield from _iter_jsonl(self.partial, skip_bad=False, bad_counter=None)
+
+    def write(self, rows: Iterable[dict]) -> None:
+        for row in rows:
+            self._fh.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def finalize(self) -> Path:
+        self._fh.close()
+        os.replace(self.partial, self.path)
+        return self.path
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+    def _repair_torn_tail(self) -> None:
+        if not self.partial.exists():
+            return
+        data = self.partial.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data[: data.rfind(b"\n") + 1]
+            with open(self.partial, "wb") as fh:
+                fh.write(keep)

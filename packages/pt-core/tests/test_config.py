@@ -1,0 +1,164 @@
+"""The config contract: YAML + dot overrides, validated against a typed schema, with errors
+that name the file, line, key and fix."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+import yaml
+
+from pt_core.config import (
+    Section,
+    apply_overrides,
+    config_hash,
+    freeze_config,
+    load_config,
+    parse_value,
+)
+from pt_core.errors import ConfigError
+
+
+class Dataset(Section):
+    path: str
+    weight: float = 1.0
+
+
+class Data(Section):
+    datasets: list[Dataset]
+    seed: int = 0
+
+
+class Training(Section):
+    learning_rate: float = 1e-5
+    max_steps: int | None = None
+    loss: Literal["sft", "dft"] = "sft"
+
+
+class Run(Section):
+    name: str
+    data: Data
+    training: Training = Training()
+
+
+CONFIG = """\
+name: demo
+data:
+  datasets:
+    - path: a.jsonl
+    - path: b.jsonl
+      weight: 3
+training:
+  learning_rate: 1.0e-5
+"""
+
+
+@pytest.fixture
+def cfg_path(tmp_path):
+    p = tmp_path / "run.yaml"
+    p.write_text(CONFIG)
+    return p
+
+
+def test_overrides_reach_nested_keys_and_list_items(cfg_path):
+    cfg = load_config(
+        cfg_path,
+        ["training.learning_rate=5e-6", "data.datasets.0.weight=2", "training.loss=dft"],
+        Run,
+    )
+    # 5e-6 is a float here although YAML 1.1 alone would read it as a string
+    assert cfg.training.learning_rate == 5e-6
+    assert cfg.data.datasets[0].weight == 2.0
+    assert cfg.data.datasets[1].weight == 3.0
+    assert cfg.training.loss == "dft"
+
+
+def test_override_can_append_to_a_list_and_create_sections(tmp_path):
+    data = {"data": {"datasets": [{"path": "a"}]}}
+    apply_overrides(data, ["data.datasets.1.path=b", "extra.deep.key=[1, 2]"])
+    assert data["data"]["datasets"][1] == {"path": "b"}
+    assert data["extra"]["deep"]["key"] == [1, 2]
+
+
+def test_parse_value_reads_scalars_like_a_user_means_them():
+    assert parse_value("5e-6") == 5e-6
+    assert parse_value("3") == 3 and isinstance(parse_value("3"), int)
+    assert parse_value("true") is True
+    assert parse_value("null") is None
+    assert parse_value("abc") == "abc"
+    assert parse_value("[a, b]") == ["a", "b"]
+
+
+def test_unknown_key_lists_valid_keys_and_suggests_the_close_one(cfg_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg_path, ["training.learnin_rate=1"], Run)
+    msg = str(err.value)
+    assert "unknown key 'training.learnin_rate'" in msg
+    assert "learning_rate, max_steps, loss" in msg
+    assert "did you mean 'training.learning_rate'" in msg
+    assert "override training.learnin_rate" in msg
+
+
+def test_unknown_key_in_file_names_file_and_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text(CONFIG + "  warmup: 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(p, [], Run)
+    assert f"{p}:9: unknown key 'training.warmup'" in str(err.value)
+
+
+def test_type_error_names_key_value_and_expected_type(cfg_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg_path, ["training.max_steps=lots"], Run)
+    msg = str(err.value)
+    assert "'training.max_steps'" in msg and "'lots'" in msg and "expected int" in msg
+
+
+def test_literal_error_lists_choices(cfg_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg_path, ["training.loss=dpo"], Run)
+    assert "one of 'sft', 'dft'" in str(err.value)
+
+
+def test_missing_required_key_says_which(tmp_path):
+    p = tmp_path / "m.yaml"
+    p.write_text("data:\n  datasets:\n    - weight: 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(p, [], Run)
+    msg = str(err.value)
+    assert "missing required key 'name'" in msg
+    assert "missing required key 'data.datasets.0.path'" in msg
+
+
+def test_bad_override_syntax_and_index(cfg_path):
+    with pytest.raises(ConfigError, match="has no '='"):
+        load_config(cfg_path, ["training.learning_rate"], Run)
+    with pytest.raises(ConfigError, match="index 5 is out of range"):
+        load_config(cfg_path, ["data.datasets.5.weight=1"], Run)
+    with pytest.raises(ConfigError, match="is a list; use an index"):
+        load_config(cfg_path, ["data.datasets.first.weight=1"], Run)
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    p = tmp_path / "broken.yaml"
+    p.write_text("name: x\ndata: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml:\d+: invalid YAML"):
+        load_config(p, [], Run)
+
+
+def test_frozen_config_holds_the_overrides_and_reloads_identically(cfg_path, tmp_path):
+    cfg = load_config(cfg_path, ["training.learning_rate=2e-5"], Run)
+    frozen = freeze_config(cfg, tmp_path / "runs" / "demo")
+    assert frozen == tmp_path / "runs" / "demo" / "config.yaml"
+    assert yaml.safe_load(frozen.read_text())["training"]["learning_rate"] == 2e-5
+    again = load_config(frozen, [], Run)
+    assert again == cfg
+    assert config_hash(again) == config_hash(cfg)
+    # no temporary files left beside the frozen config
+    assert sorted(p.name for p in frozen.parent.iterdir()) == ["config.yaml"]
+
+
+def test_config_hash_changes_with_content(cfg_path):
+    a = load_config(cfg_path, [], Run)
+    b = load_config(cfg_path, ["training.learning_rate=1e-4"], Run)
+    assert config_hash(a) != config_hash(b)

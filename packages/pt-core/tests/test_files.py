@@ -1,0 +1,87 @@
+"""Row files and atomic writes: malformed input is named by file and line, and an output
+is either complete or absent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pt_core.errors import InputError
+from pt_core.files import (
+    JsonlAppender,
+    atomic_path,
+    count_rows,
+    iter_rows,
+    read_rows,
+    require_columns,
+    write_rows,
+)
+
+ROWS = [{"id": "a", "messages": [{"role": "user", "content": "hi"}]}, {"id": "b", "messages": []}]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_rows_round_trip(tmp_path, suffix):
+    path = write_rows(tmp_path / f"rows{suffix}", ROWS)
+    assert read_rows(path) == ROWS
+    assert count_rows(path) == 2
+
+
+def test_json_array_and_shard_directory(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(ROWS))
+    assert read_rows(tmp_path / "a.json") == ROWS
+    shards = tmp_path / "shards"
+    write_rows(shards / "part-00000.parquet", ROWS[:1])
+    write_rows(shards / "part-00001.parquet", ROWS[1:])
+    assert [r["id"] for r in iter_rows(shards)] == ["a", "b"]
+
+
+def test_malformed_jsonl_line_is_named_or_skipped(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"a": 1}\n{"a": 2,\n{"a": 3}\n')
+    with pytest.raises(InputError, match=r"bad.jsonl:2: malformed JSON line"):
+        read_rows(p)
+    bad = [0]
+    assert [r["a"] for r in iter_rows(p, skip_bad=True, bad_counter=bad)] == [1, 3]
+    assert bad == [1]
+
+
+def test_missing_column_names_existing_columns():
+    with pytest.raises(InputError) as err:
+        require_columns({"question": "q", "answer": "a"}, ["problem"], "gsm8k.jsonl")
+    assert "missing column(s) 'problem'" in str(err.value)
+    assert "'question', 'answer'" in str(err.value)
+
+
+def test_failed_atomic_write_leaves_nothing(tmp_path):
+    target = tmp_path / "out.jsonl"
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("crash while writing")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_directory_replaces_old_output_whole(tmp_path):
+    target = tmp_path / "dataset"
+    for version in ("old", "new"):
+        with atomic_path(target) as tmp:
+            tmp.mkdir()
+            (tmp / f"{version}.txt").write_text(version)
+    assert [p.name for p in target.iterdir()] == ["new.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["dataset"]
+
+
+def test_appender_survives_a_torn_last_line(tmp_path):
+    out = tmp_path / "rollouts.jsonl"
+    app = JsonlAppender(out)
+    app.write([{"i": 0}, {"i": 1}])
+    app.close()
+    with open(app.partial, "a") as fh:  # a crash in the middle of a line
+        fh.write('{"i": 2, "compl')
+    again = JsonlAppender(out)
+    assert [r["i"] for r in again.existing_rows()] == [0, 1]
+    again.write([{"i": 2}])
+    assert again.finalize() == out
+    assert [r["i"] for r in read_rows(out)] == [0, 1, 2]
+    assert not app.partial.exists()

@@ -1,0 +1,3 @@
+"""pt_rollout."""
+
+__version__ = "0.1.0"
