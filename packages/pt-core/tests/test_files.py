@@ -85,3 +85,16 @@ def test_appender_survives_a_torn_last_line(tmp_path):
     assert again.finalize() == out
     assert [r["i"] for r in read_rows(out)] == [0, 1, 2]
     assert not app.partial.exists()
+
+
+def test_split_path_picks_a_split_of_a_dataset_directory(tmp_path):
+    from pt_core.files import split_path
+
+    write_rows(tmp_path / "ds" / "train" / "part-00000.parquet", ROWS)
+    write_rows(tmp_path / "ds" / "test" / "part-00000.parquet", ROWS[:1])
+    assert split_path(tmp_path / "ds") == tmp_path / "ds" / "train"
+    assert len(read_rows(split_path(tmp_path / "ds", "test"))) == 1
+    with pytest.raises(InputError, match="no split 'validation'; the dataset has: test, train"):
+        split_path(tmp_path / "ds", "validation")
+    plain = write_rows(tmp_path / "rows.jsonl", ROWS)
+    assert split_path(plain, "test") == plain

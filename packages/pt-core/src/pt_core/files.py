@@ -267,3 +267,20 @@ class JsonlAppender:
             keep = data[: data.rfind(b"\n") + 1]
             with open(self.partial, "wb") as fh:
                 fh.write(keep)
+
+
+def split_path(path: str | os.PathLike, split: str = "train") -> Path:
+    """The rows of one split of a dataset.
+
+    A pt-data output directory holds one subdirectory of shards per split
+    (``train/``, ``validation/``, ``test/``); given such a directory this returns
+    the split's subdirectory. A plain file, or a directory of shards, is returned as is.
+    """
+    p = Path(path)
+    if p.is_dir() and (p / split).is_dir():
+        return p / split
+    if p.is_dir() and any(c.is_dir() and not c.name.startswith(".") for c in p.iterdir()):
+        if not any(f.suffix in ROW_SUFFIXES for f in p.iterdir()):
+            splits = sorted(c.name for c in p.iterdir() if c.is_dir() and not c.name.startswith("."))
+            raise InputError(f"{p}: no split {split!r}; the dataset has: {', '.join(splits)}")
+    return p
