@@ -1,0 +1,53 @@
+"""The workspace as a user meets it: five console scripts with help and a version, and the
+torch-free tools installable on their own."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = ["pt-data", "pt-train", "pt-rollout", "pt-eval", "pt-slurm"]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_every_tool_prints_help_and_version(cli, tool):
+    help_ = cli(tool, "--help")
+    assert "Usage" in help_.stdout and tool in help_.stdout
+    version = cli(tool, "--version")
+    assert version.stdout.strip() == f"{tool} 0.1.0"
+
+
+@pytest.mark.parametrize("package", ["pt-eval", "pt-slurm"])
+def test_light_tools_install_without_torch(tmp_path, package):
+    """pt-eval grade and pt-slurm run on login nodes and CPU boxes: installing either into an
+    empty environment must not pull torch (or transformers)."""
+    uv = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    if not Path(uv).exists() and not shutil.which("uv"):
+        pytest.skip("uv is not on PATH")
+    venv = tmp_path / "venv"
+    env = {**os.environ, "UV_NO_PROGRESS": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    subprocess.run([uv, "venv", "-q", str(venv)], check=True, env=env)
+    subprocess.run(
+        [uv, "pip", "install", "-q", "--python", str(venv), str(REPO / "packages" / package)],
+        check=True,
+        env=env,
+    )
+    listed = subprocess.run(
+        [uv, "pip", "list", "--python", str(venv)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout.lower()
+    assert package in listed
+    for heavy in ("torch", "transformers", "deepspeed", "vllm"):
+        assert f"\n{heavy} " not in listed, f"{package} pulled {heavy}"
+    tool = venv / "bin" / package
+    assert subprocess.run([str(tool), "--help"], capture_output=True).returncode == 0
