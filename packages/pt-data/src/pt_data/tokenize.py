@@ -1,0 +1,311 @@
+"""Conversations -> ``input_ids`` and ``labels`` with a loss mask on assistant turns.
+
+How the mask is found (no ``{% generation %}`` markers needed): for every
+assistant message ``i`` the template is rendered twice more, once for
+``messages[:i]`` with the generation prompt and once for ``messages[:i+1]``. The
+text between the two is exactly what the model must produce for that turn
+(its content and its end-of-turn token). Trailing whitespace after the end-of-turn
+token (ChatML's ``\\n``) is not trained, because the next turn's header follows it,
+not the model's output. Character spans become token spans through the fast
+tokenizer's offsets, on the one encoding of the whole text, so the ids are exactly
+what the tokenizer produces for the rendered conversation.
+
+Labels are aligned with ``input_ids`` (``labels[t]`` is the target *at* position
+``t``; the model shifts them, as Hugging Face causal LMs do) and hold -100 where
+there is no loss.
+
+Exactly one BOS: a template that writes ``bos_token`` while the tokenizer would
+also add one yields two; the duplicate is removed. A tokenizer that adds a BOS
+by default, used with a template that writes none, gets one prepended.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Literal
+
+from pt_core.contracts import IGNORE_INDEX
+from pt_core.errors import InputError
+from pt_data.templates import Renderer
+
+TrainOn = Literal["assistant", "last"]
+TRAIN_ON = ("assistant", "last")
+
+
+class TooLong(InputError):
+    """A conversation longer than ``max_seq_length`` when truncation is off."""
+
+
+class NoTrainableTokens(InputError):
+    """A conversation whose mask trains nothing (no assistant turn, or a template that
+    drops assistant content): an error rather than a silent zero loss."""
+
+
+def check_messages(messages: Any, where: str = "conversation") -> list[dict]:
+    """Messages must be a non-empty list of ``{role, content}`` with string content."""
+    if not isinstance(messages, list) or not messages:
+        raise InputError(
+            f"{where}: 'messages' must be a non-empty list of {{role, content}}, "
+            f"got {type(messages).__name__}"
+        )
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            keys = list(m) if isinstance(m, dict) else type(m).__name__
+            raise InputError(f"{where}: message {i} needs 'role' and 'content', has {keys}")
+        if not isinstance(m["content"], str):
+            raise InputError(
+                f"{where}: message {i} content is {type(m['content']).__name__}, expected a string"
+            )
+    return messages
+
+
+class ConversationTokenizer:
+    """Template + tokenizer + mask policy, set up once and applied to many conversations."""
+
+    def __init__(
+        self, tokenizer: Any, *, chat_template: str | None = None, train_on: TrainOn = "assistant"
+    ):
+        if train_on not in TRAIN_ON:
+            raise InputError(f"train_on={train_on!r}; expected one of {', '.join(TRAIN_ON)}")
+        self.tokenizer = tokenizer
+        self.renderer = Renderer(tokenizer, chat_template)
+        self.train_on = train_on
+        self.backend = getattr(tokenizer, "_tokenizer", None) if tokenizer.is_fast else None
+        self.bos_id = tokenizer.bos_token_id
+        self.eos_token = tokenizer.eos_token or ""
+        # Does this tokenizer put a BOS in front of plain text by itself (Llama-style)?
+        self.adds_bos = False
+        if self.bos_id is not None:
+            probe = tokenizer("x", add_special_tokens=True)["input_ids"]
+            self.adds_bos = bool(probe) and probe[0] == self.bos_id
+
+    # ------------------------------------------------------------------ text and spans
+
+    def render_with_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered conversation and the character spans that carry loss."""
+        render = self.renderer.render
+        full = render(messages)
+        targets = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if self.train_on == "last":
+            targets = targets[-1:]
+        spans: list[tuple[int, int]] = []
+        cursor = 0
+        for i in targets:
+            if i == 0:  # starts with the assistant: many templates cannot render zero messages
+                spans.append(self._locate(full, messages[i]["content"], cursor, i))
+                cursor = spans[-1][1]
+                continue
+            before = render(messages[:i], add_generation_prompt=True)
+            through = full if i == len(messages) - 1 else render(messages[: i + 1])
+            if full.startswith(through) and through.startswith(before) and len(before) >= cursor:
+                start, end = len(before), len(through)
+                text = full[start:end]
+                end = start + len(text.rstrip())
+            else:
+                start, end = self._locate(full, messages[i]["content"], cursor, i)
+            if end > start:
+                spans.append((start, end))
+            cursor = max(cursor, end)
+        return full, spans
+
+    def _locate(self, full: str, content: str, cursor: int, index: int) -> tuple[int, int]:
+        """Fallback for templates that rewrite earlier turns (so renderings are not
+        prefixes of each other): find the content itself, plus the end-of-turn token."""
+        needle = content.strip()
+        start = full.find(needle, cursor) if needle else -1
+        if start < 0:
+            raise InputError(
+                f"assistant message {index} does not appear in the rendered conversation",
+                hint="the chat template drops or rewrites assistant content; use another "
+                "template (data.tokenizer.chat_template: chatml)",
+            )
+        end = start + len(needle)
+        rest = full[end:]
+        stripped = rest.lstrip()
+        if self.eos_token and stripped.startswith(self.eos_token):
+            end += len(rest) - len(stripped) + len(self.eos_token)
+        return start, end
+
+    # ------------------------------------------------------------------ tokens
+
+    def encode_many(self, conversations: Sequence[list[dict]]) -> list[tuple[list, list]]:
+        """``(input_ids, labels)`` per conversation, untruncated."""
+        rendered = [self.render_with_spans(m) for m in conversations]
+        if self.backend is not None:
+            encodings = self.backend.encode_batch(
+                [t for t, _ in rendered], add_special_tokens=False
+            )
+            out = [
+                self._mask(enc, spans) for enc, (_, spans) in zip(encodings, rendered, strict=True)
+            ]
+        else:
+            out = [self._encode_slow(text, spans) for text, spans in rendered]
+        return [self._one_bos(ids, labels) for ids, labels in out]
+
+    def encode(self, messages: list[dict]) -> tuple[list, list]:
+        return self.encode_many([messages])[0]
+
+    def _mask(self, enc, spans: list[tuple[int, int]]) -> tuple[list, list]:
+        ids = enc.ids
+        labels = [IGNORE_INDEX] * len(ids)
+        for start, end in spans:
+            a = _token_at(enc, start, end, forward=True)
+            b = _token_at(enc, end - 1, start - 1, forward=False)
+            if a is None or b is None:
+                continue
+            labels[a : b + 1] = ids[a : b + 1]
+        return ids, labels
+
+    def _encode_slow(self, text: str, spans: list[tuple[int, int]]) -> tuple[list, list]:
+        # Python tokenizers have no offsets: encode the pieces between span edges separately.
+        ids: list[int] = []
+        labels: list[int] = []
+        edges = sorted({0, len(text), *(p for s in spans for p in s)})
+        for a, b in zip(edges, edges[1:], strict=False):
+            piece = self.tokenizer.encode(text[a:b], add_special_tokens=False)
+            trained = any(s <= a and b <= e for s, e in spans)
+            ids += piece
+            labels += piece if trained else [IGNORE_INDEX] * len(piece)
+        return ids, labels
+
+    def _one_bos(self, ids: list, labels: list) -> tuple[list, list]:
+        if self.bos_id is None:
+            return ids, labels
+        lead = 0
+        while lead < len(ids) and ids[lead] == self.bos_id:
+            lead += 1
+        if lead > 1:
+            return ids[lead - 1 :], labels[lead - 1 :]
+        if lead == 0 and self.adds_bos:
+            return [self.bos_id, *ids], [IGNORE_INDEX, *labels]
+        return ids, labels
+
+
+def _token_at(enc, pos: int, stop: int, *, forward: bool) -> int | None:
+    """The token covering character ``pos``, searching towards ``stop`` over characters that
+    belong to no token."""
+    step = 1 if forward else -1
+    while pos != stop:
+        t = enc.char_to_token(pos)
+        if t is not None:
+            return t
+        pos += step
+    return None
+
+
+def finish(
+    ids: list,
+    labels: list,
+    *,
+    max_seq_length: int | None,
+    truncate: bool,
+    where: str = "conversation",
+) -> dict:
+    """Apply the length policy and the zero-trainable check to one encoded conversation."""
+    if max_seq_length is not None and len(ids) > max_seq_length:
+        if not truncate:
+            raise TooLong(
+                f"{where} has {len(ids)} tokens, more than max_seq_length={max_seq_length}",
+                hint="raise max_seq_length, set truncate: true, or let pt-data build drop it",
+            )
+        ids, labels = ids[:max_seq_length], labels[:max_seq_length]
+    if all(label == IGNORE_INDEX for label in labels):
+        raise NoTrainableTokens(
+            f"{where} has no trainable tokens (the loss mask is all -100)",
+            hint="it needs an assistant message with content that the chat template renders; "
+            "after truncation, a longer max_seq_length may be needed",
+        )
+    return {"input_ids": list(ids), "labels": list(labels)}
+
+
+_cache: dict[tuple, ConversationTokenizer] = {}
+
+
+def get_conversation_tokenizer(
+    tokenizer: Any, chat_template: str | None = None, train_on: TrainOn = "assistant"
+) -> ConversationTokenizer:
+    key = (id(tokenizer), chat_template, train_on)
+    ct = _cache.get(key)
+    if ct is None or ct.tokenizer is not tokenizer:
+        ct = _cache[key] = ConversationTokenizer(
+            tokenizer, chat_template=chat_template, train_on=train_on
+        )
+    return ct
+
+
+def tokenize_conversation(
+    tokenizer: Any,
+    messages: list[dict],
+    *,
+    max_seq_length: int | None = None,
+    train_on: TrainOn = "assistant",
+    truncate: bool = False,
+    chat_template: str | None = None,
+) -> dict:
+    """One conversation -> ``{"input_ids": [...], "labels": [...]}``.
+
+    ``train_on="assistant"`` trains every assistant turn (content and end-of-turn
+    token), ``"last"`` only the final one. Longer than ``max_seq_length``: raises
+    :class:`TooLong` unless ``truncate`` keeps the first ``max_seq_length`` tokens.
+    A mask with no trained token raises :class:`NoTrainableTokens`.
+    """
+    check_messages(messages)
+    ct = get_conversation_tokenizer(tokenizer, chat_template, train_on)
+    ids, labels = ct.encode(messages)
+    return finish(ids, labels, max_seq_length=max_seq_length, truncate=truncate)
+
+
+# --------------------------------------------------------------------------- in parallel
+
+_worker: ConversationTokenizer | None = None
+
+
+def _init_worker(ct: ConversationTokenizer) -> None:
+    global _worker
+    _worker = ct
+
+
+def _encode_chunk(chunk: list[list[dict]]) -> list[tuple[list, list]]:
+    assert _worker is not None
+    return _worker.encode_many(chunk)
+
+
+def encode_parallel(
+    ct: ConversationTokenizer,
+    conversations: Iterable[list[dict]],
+    *,
+    num_proc: int | None = None,
+    chunk_size: int = 512,
+) -> Iterator[tuple[list, list]]:
+    """``(input_ids, labels)`` for each conversation, in order, over ``num_proc`` processes
+    (default: the CPUs this process may use). One process means no pool at all."""
+    num_proc = num_proc or default_num_proc()
+    chunks = _chunks(conversations, chunk_size)
+    if num_proc <= 1:
+        for chunk in chunks:
+            yield from ct.encode_many(chunk)
+        return
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    with ctx.Pool(num_proc, initializer=_init_worker, initargs=(ct,)) as pool:
+        for encoded in pool.imap(_encode_chunk, chunks):
+            yield from encoded
+
+
+def default_num_proc() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def _chunks(items: Iterable, size: int) -> Iterator[list]:
+    chunk: list = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

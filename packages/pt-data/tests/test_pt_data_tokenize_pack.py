@@ -1,0 +1,123 @@
+"""Loss masks, BOS handling and packing on the tiny ChatML tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+
+from pt_core.contracts import IGNORE_INDEX
+from pt_core.errors import InputError
+from pt_data.pack import best_fit_decreasing, pack_examples, packing_efficiency
+from pt_data.tokenize import NoTrainableTokens, TooLong, tokenize_conversation
+
+CONVO = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 12 + 34?"},
+    {"role": "assistant", "content": "12 + 34 = 46, so \\boxed{46}."},
+    {"role": "user", "content": "And 7 * 8?"},
+    {"role": "assistant", "content": "\\boxed{56}"},
+]
+
+
+def trained_text(tok, row):
+    return tok.decode(
+        [i for i, label in zip(row["input_ids"], row["labels"], strict=True) if label != -100]
+    )
+
+
+def test_only_assistant_turns_and_their_end_tokens_are_trained(tiny_tokenizer):
+    row = tokenize_conversation(tiny_tokenizer, CONVO)
+    # Both assistant contents, each followed by its <|im_end|>; nothing from system/user turns.
+    assert (
+        trained_text(tiny_tokenizer, row)
+        == "12 + 34 = 46, so \\boxed{46}.<|im_end|>\\boxed{56}<|im_end|>"
+    )
+    # Where a label is set it equals the token itself (labels are aligned, the model shifts).
+    assert all(
+        label in (i, IGNORE_INDEX) for i, label in zip(row["input_ids"], row["labels"], strict=True)
+    )
+    # Every prompt token (everything up to the first assistant content) has no loss.
+    prompt = tiny_tokenizer.apply_chat_template(
+        CONVO[:2], add_generation_prompt=True, tokenize=False
+    )
+    n_prompt = len(tiny_tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    assert row["labels"][:n_prompt] == [IGNORE_INDEX] * n_prompt
+    assert row["labels"][n_prompt] != IGNORE_INDEX
+
+
+def test_ids_match_the_tokenizers_own_chat_template(tiny_tokenizer):
+    row = tokenize_conversation(tiny_tokenizer, CONVO)
+    text = tiny_tokenizer.apply_chat_template(CONVO, tokenize=False)
+    assert row["input_ids"] == tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_train_on_last_trains_only_the_final_answer(tiny_tokenizer):
+    row = tokenize_conversation(tiny_tokenizer, CONVO, train_on="last")
+    assert trained_text(tiny_tokenizer, row) == "\\boxed{56}<|im_end|>"
+
+
+def test_exactly_one_bos_even_when_the_template_adds_one_too(tiny_tokenizer):
+    bos = tiny_tokenizer.bos_token_id
+    row = tokenize_conversation(tiny_tokenizer, CONVO)
+    assert row["input_ids"][0] == bos and row["input_ids"].count(bos) == 1
+    # A template writing the BOS twice (as happens when a tokenizer also prepends one)
+    # still yields a single BOS.
+    doubled = "{{ bos_token }}" + tiny_tokenizer.chat_template
+    row2 = tokenize_conversation(tiny_tokenizer, CONVO, chat_template=doubled)
+    assert row2["input_ids"].count(bos) == 1 and row2["input_ids"] == row["input_ids"]
+
+
+def test_a_template_that_drops_assistant_content_is_an_error(tiny_tokenizer):
+    users_only = (
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] != 'assistant' %}"
+        "{{ m['content'] }}{% endif %}{% endfor %}"
+    )
+    with pytest.raises(InputError):
+        tokenize_conversation(tiny_tokenizer, CONVO, chat_template=users_only)
+    with pytest.raises(NoTrainableTokens):
+        tokenize_conversation(tiny_tokenizer, CONVO[:2])  # no assistant turn at all
+
+
+def test_too_long_is_an_error_unless_truncated(tiny_tokenizer):
+    full = tokenize_conversation(tiny_tokenizer, CONVO)
+    limit = len(full["input_ids"]) - 3
+    with pytest.raises(TooLong):
+        tokenize_conversation(tiny_tokenizer, CONVO, max_seq_length=limit)
+    cut = tokenize_conversation(tiny_tokenizer, CONVO, max_seq_length=limit, truncate=True)
+    assert cut["input_ids"] == full["input_ids"][:limit]
+
+
+def test_best_fit_decreasing_fills_the_tightest_bin():
+    # Longest first: 6 opens bin0 (4 left); 5 does not fit there, opens bin1 (5 left);
+    # 4 takes bin0 exactly; 3 goes to bin1, the only one with room (2 left); 2 fills bin1;
+    # 1 finds every bin full and opens bin2.
+    assert best_fit_decreasing([3, 6, 2, 5, 4, 1], 10) == [[1, 4], [3, 0, 2], [5]]
+
+
+def test_packed_rows_restart_positions_and_decode_to_the_original_conversations(tiny_tokenizer):
+    convos = [
+        [
+            {"role": "user", "content": f"What is {a} + {a}?"},
+            {"role": "assistant", "content": str(2 * a)},
+        ]
+        for a in range(1, 30)
+    ]
+    examples = [tokenize_conversation(tiny_tokenizer, c) for c in convos]
+    rows = pack_examples(examples, max_seq_length=64)
+    assert len(rows) < len(examples)  # several conversations share a row
+    seen = []
+    for row in rows:
+        assert len(row["input_ids"]) <= 64 and sum(row["seq_lens"]) == len(row["input_ids"])
+        start = 0
+        for n in row["seq_lens"]:
+            assert row["position_ids"][start : start + n] == list(range(n))
+            seen.append(tiny_tokenizer.decode(row["input_ids"][start : start + n]))
+            start += n
+    originals = [tiny_tokenizer.apply_chat_template(c, tokenize=False) for c in convos]
+    assert sorted(seen) == sorted(originals)
+    tokens = sum(len(e["input_ids"]) for e in examples)
+    assert packing_efficiency([len(r["input_ids"]) for r in rows], 64) == tokens / (64 * len(rows))
+
+
+def test_packing_never_splits_a_sequence():
+    with pytest.raises(InputError, match="never splits"):
+        pack_examples([{"input_ids": [1] * 9, "labels": [1] * 9}], max_seq_length=8)
