@@ -1,16 +1,141 @@
 """`pt-train`: Train causal language models with DeepSpeed (SFT, DFT, DPO, OPD).
 
+    pt-train run train.yaml training.learning_rate=1e-5 --data out/data/sft
+    pt-data build data.yaml | pt-train run train.yaml --data -
+    pt-train check train.yaml launcher.nproc=2
+    pt-train plot runs/sft-tiny
+
 This module only parses arguments and calls library functions.
 """
 
 from __future__ import annotations
 
-from pt_core.cli import make_app, make_main
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from pt_core.cli import make_app, make_main, split_overrides
+from pt_core.log import console
+from pt_core.manifest import emit_manifest, resolve_input
 from pt_train import __version__
 
 app = make_app(
     "pt-train", "Train causal language models with DeepSpeed (SFT, DFT, DPO, OPD).", __version__
 )
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="Training config (YAML)."),
+    overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
+    data: str = typer.Option(
+        None, "--data", help="Training data (pt-data dataset, file or '-' for a piped manifest)."
+    ),
+    force_resume: bool = typer.Option(
+        False, "--force-resume", help="Resume even if keys that change training differ."
+    ),
+    local_rank: int = typer.Option(None, "--local_rank", "--local-rank", hidden=True),
+) -> None:
+    """Train (or resume) a run; print the final inference checkpoint's manifest.
+
+    Exits 85 after saving a checkpoint when stopped by SIGTERM/SIGUSR1 (rerun to resume).
+    """
+    from pt_core.contracts import REQUEUE_EXIT_CODE
+    from pt_train.config import load_train_config
+    from pt_train.distributed import launched_env, spawn_local_ranks
+
+    overrides = split_overrides(overrides)
+    cfg = load_train_config(config, overrides)
+    data_path = None
+    if data is not None:
+        data_path, _ = resolve_input(data, expected=("dataset",))
+    if cfg.launcher.nproc > 1 and launched_env() is None:
+        argv = [sys.executable, "-m", "pt_train.cli", "run", str(config), *overrides]
+        if data_path is not None:
+            argv += ["--data", str(data_path)]
+        if force_resume:
+            argv.append("--force-resume")
+        code = spawn_local_ranks(cfg.launcher.nproc, argv, cfg.launcher.master_port)
+        raise typer.Exit(code)
+
+    from pt_train.trainer import train
+
+    with _stdout_to_stderr():
+        result = train(cfg, data_path=data_path, force_resume=force_resume)
+    if result.stopped:
+        raise typer.Exit(REQUEUE_EXIT_CODE)
+    env = launched_env()
+    if env is None or env.rank == 0:
+        emit_manifest(
+            "checkpoint",
+            result.inference_path,
+            run_dir=str(result.run_dir.resolve()),
+            step=result.step,
+            loss=cfg.training.loss,
+            config_hash=_frozen_hash(result.run_dir),
+        )
+
+
+@app.command()
+def check(
+    config: Path = typer.Argument(..., help="Training config (YAML)."),
+    overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
+) -> None:
+    """Validate a config (and show the DeepSpeed JSON it gives) without training."""
+    from pt_core.config import config_to_dict
+    from pt_train.config import batch_layout, load_train_config
+    from pt_train.trainer import deepspeed_config
+
+    cfg = load_train_config(config, split_overrides(overrides))
+    world = cfg.launcher.nproc
+    accum = batch_layout(cfg.training, world)
+    console.print_json(
+        json.dumps(
+            {
+                "config": config_to_dict(cfg),
+                "world_size": world,
+                "grad_accum": accum,
+                "deepspeed": deepspeed_config(cfg, accum, cfg.training.precision == "bf16"),
+            }
+        )
+    )
+    console.print(f"[green]ok[/green]: {config}")
+
+
+@app.command()
+def plot(run_dir: Path = typer.Argument(..., help="A run directory with metrics.jsonl.")) -> None:
+    """Draw loss and learning-rate curves to RUN_DIR/loss.png and RUN_DIR/lr.png."""
+    from pt_train.plot import plot_run
+
+    for path in plot_run(run_dir):
+        console.print(f"wrote {path}")
+
+
+def _frozen_hash(run_dir: Path) -> str:
+    import yaml
+
+    from pt_core.config import config_hash
+
+    return config_hash(yaml.safe_load((run_dir / "config.yaml").read_text()))
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Keep stdout for the manifest: DeepSpeed and compiler output go to stderr meanwhile."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
 
 main = make_main(app)
 

@@ -47,3 +47,61 @@ def build_llama(
         pad_token_id=tokenizer.pad_token_id,
     )
     return model
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    from pt_core.errors import ConfigError
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"cannot load the tokenizer from {path!r} ({exc})",
+            hint="set model.tokenizer (or model.init.tokenizer) to a local directory or hub name",
+        ) from None
+    if tokenizer.pad_token_id is None:
+        # Padding carries no loss and is masked out, so any id will do.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(model_cfg, tokenizer, *, dtype, seed: int):
+    """The model of ``model_cfg`` (a ``pt_train.config.ModelConfig``): pretrained weights
+    from ``name_or_path``, or random weights from ``init`` seeded with ``seed``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pt_core.errors import ConfigError
+
+    if model_cfg.init is not None:
+        init = model_cfg.init
+        model = build_llama(
+            tokenizer,
+            hidden_size=init.hidden_size,
+            num_layers=init.num_layers,
+            num_heads=init.num_heads,
+            num_kv_heads=init.num_kv_heads,
+            intermediate_size=init.intermediate_size,
+            max_position_embeddings=init.max_position_embeddings,
+            tie_word_embeddings=init.tie_word_embeddings,
+            seed=seed,
+        )
+        model = model.to(dtype)
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(model_cfg.name_or_path, dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"cannot load model.name_or_path={model_cfg.name_or_path!r} ({exc})",
+                hint="give a local model directory or a hub name (the hub needs a network)",
+            ) from None
+    model.config._attn_implementation = model_cfg.attn_implementation
+    if model_cfg.attn_implementation == "flash_attention_2":
+        model.set_attn_implementation("flash_attention_2")
+    model.config.use_cache = False
+    if model_cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert model.dtype == dtype or dtype is torch.float32, (model.dtype, dtype)
+    return model

@@ -1,0 +1,204 @@
+"""The pt-train config: one YAML file, validated up front.
+
+    run_name: sft-tiny
+    output_dir: runs                 # run dir = output_dir/run_name
+    model: {init: {tokenizer: tok/, hidden_size: 128, num_layers: 2, num_heads: 2}}
+    data: {path: out/data/sft}
+    training: {loss: sft, learning_rate: 1e-4, global_batch_size: 8, max_steps: 100}
+    deepspeed: {zero_stage: 2}
+    launcher: {nproc: 1}
+
+Invalid combinations (no model source, two training lengths, a batch that the
+micro-batch does not divide) are rejected here or at start-up with one message
+that names the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from pt_core.config import Section, load_config
+from pt_core.errors import ConfigError
+
+
+class ModelInit(Section):
+    """Random weights: architecture, sizes and the tokenizer the vocabulary comes from."""
+
+    architecture: Literal["llama"] = "llama"
+    tokenizer: str
+    hidden_size: int = Field(128, gt=0)
+    num_layers: int = Field(2, gt=0)
+    num_heads: int = Field(2, gt=0)
+    num_kv_heads: int | None = Field(None, gt=0)
+    intermediate_size: int | None = Field(None, gt=0)
+    max_position_embeddings: int = Field(2048, gt=0)
+    tie_word_embeddings: bool = False
+
+
+class ModelConfig(Section):
+    name_or_path: str | None = None
+    init: ModelInit | None = None
+    tokenizer: str | None = None  # defaults to name_or_path / init.tokenizer
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    gradient_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.name_or_path is None) == (self.init is None):
+            raise ValueError(
+                "give exactly one of model.name_or_path (a hub name or local path) "
+                "or model.init (random weights)"
+            )
+        return self
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or (self.init.tokenizer if self.init else self.name_or_path)
+
+
+class DataConfig(Section):
+    path: str | None = None  # --data PATH|- overrides it
+    split: str = "train"
+    # Used only when the data are conversations, tokenized here with pt-data's code.
+    max_seq_length: int = Field(2048, gt=0)
+    packing: bool = True
+    train_on: Literal["assistant", "last"] = "assistant"
+    truncate: bool = False
+    shuffle: bool = True
+
+
+LENGTH_KEYS = ("max_steps", "num_epochs", "num_training_samples", "num_training_tokens")
+
+
+class TrainingConfig(Section):
+    loss: Literal["sft", "dft"] = "sft"
+    learning_rate: float = Field(1e-5, ge=0)
+    lr_schedule: Literal["cosine", "constant", "linear"] = "cosine"
+    warmup_ratio: float = Field(0.0, ge=0, le=1)
+    warmup_steps: int | None = Field(None, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    weight_decay: float = Field(0.0, ge=0)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = Field(1.0, ge=0)  # 0 turns clipping off
+    seed: int = 0
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    global_batch_size: int = Field(8, gt=0)  # rows (packed sequences) per optimizer step
+    micro_batch_size: int = Field(1, gt=0)  # rows per forward pass on one rank
+    max_steps: int | None = Field(None, gt=0)
+    num_epochs: float | None = Field(None, gt=0)
+    num_training_samples: int | None = Field(None, gt=0)
+    num_training_tokens: int | None = Field(None, gt=0)
+    save_steps: int | None = Field(None, gt=0)  # full checkpoints; one is always saved at the end
+    save_total_limit: int = Field(2, gt=0)
+    inference_steps: int | None = Field(
+        None, gt=0
+    )  # HF checkpoints; one is always saved at the end
+    logging_steps: int = Field(1, gt=0)
+    max_consecutive_nan: int = Field(5, gt=0)
+
+    @model_validator(mode="after")
+    def _one_length(self):
+        given = [k for k in LENGTH_KEYS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"give exactly one training length of {', '.join(LENGTH_KEYS)}; got "
+                + (", ".join(given) if given else "none")
+            )
+        return self
+
+
+class DeepSpeedSection(Section):
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    raw: dict[str, Any] = Field(default_factory=dict)  # merged last into the DeepSpeed JSON
+
+    @model_validator(mode="after")
+    def _offload_needs_zero(self):
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("offload_optimizer needs zero_stage 1, 2 or 3")
+        if self.offload_param and self.zero_stage != 3:
+            raise ValueError("offload_param needs zero_stage 3")
+        return self
+
+
+class LauncherConfig(Section):
+    nproc: int = Field(1, gt=0)  # >1: pt-train starts this many local ranks itself
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on GPU, gloo on CPU
+    master_port: int | None = None
+
+
+class LoggingConfig(Section):
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "pt"
+    wandb_mode: Literal["offline", "online"] = "offline"
+
+
+class TrainConfig(Section):
+    run_name: str
+    output_dir: str = "runs"
+    model: ModelConfig
+    data: DataConfig = Field(default_factory=DataConfig)
+    training: TrainingConfig
+    deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    slurm: dict[str, Any] = Field(default_factory=dict)  # pt-slurm reads it; pt-train ignores it
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_name
+
+
+def load_train_config(path, overrides: list[str] | None = None) -> TrainConfig:
+    return load_config(path, overrides, TrainConfig)
+
+
+# Keys that may differ between the frozen config of a run and the config it is
+# resumed with: they change how often things are saved or logged, or where the
+# job runs, never the arithmetic of training.
+RESUME_FREE_KEYS = (
+    "training.save_steps",
+    "training.save_total_limit",
+    "training.inference_steps",
+    "training.logging_steps",
+    "training.max_consecutive_nan",
+    "launcher",
+    "logging",
+    "slurm",
+    "output_dir",
+)
+
+
+def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dicts, free keys left out."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        dotted = f"{prefix}{key}"
+        if any(dotted == k or dotted.startswith(k + ".") for k in RESUME_FREE_KEYS):
+            continue
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_keys(a, b, dotted + ".")
+        elif a != b:
+            out.append(dotted)
+    return out
+
+
+def batch_layout(training: TrainingConfig, world_size: int) -> int:
+    """Gradient-accumulation steps for the global batch; a clear error when it does not divide."""
+    per_step = training.micro_batch_size * world_size
+    if training.global_batch_size % per_step:
+        raise ConfigError(
+            f"training.global_batch_size={training.global_batch_size} is not divisible by "
+            f"micro_batch_size x world_size = {training.micro_batch_size} x {world_size}",
+            hint=f"use a global_batch_size that is a multiple of {per_step}, "
+            "or change training.micro_batch_size",
+        )
+    return training.global_batch_size // per_step

@@ -1,0 +1,427 @@
+"""The training loop: SFT and DFT on DeepSpeed, with exact resume.
+
+    from pt_train.config import load_train_config
+    from pt_train.trainer import train
+    result = train(load_train_config("train.yaml"), data_path="out/data/sft")
+
+Launch one process (CPU or one GPU), or many under ``torchrun`` / ``deepspeed``
+/ ``accelerate launch``; ``pt-train run`` with ``launcher.nproc=N`` starts N
+local ranks itself. Each optimizer step:
+
+1. takes this rank's rows of the step (:class:`pt_train.data.StepSampler`) as
+   ``grad_accum`` micro-batches, and counts the trained tokens of the whole step
+   over all ranks (one all-reduce);
+2. for every micro-batch, computes the loss SUM over its trained tokens and
+   back-propagates ``sum * world_size / global_trained_tokens`` (DeepSpeed
+   averages gradients over ranks, the world size undoes that), so the gradient
+   is that of the mean over every trained token of the step, however the
+   batch is split;
+3. clips, steps AdamW at the step's learning rate, and skips the update when
+   any rank's loss was NaN/inf.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from pt_core.config import config_hash, config_to_dict, freeze_config
+from pt_core.errors import ConfigError, InputError, PtError
+from pt_core.log import get_logger, progress
+from pt_train import checkpoint as ckpt
+from pt_train.config import TrainConfig, batch_layout, changed_keys
+from pt_train.data import StepSampler, collate, count_tokens, load_rows
+from pt_train.distributed import DistEnv, all_reduce_sum, barrier, init_distributed
+from pt_train.losses import LOSSES, shift_targets
+from pt_train.metrics import MetricsWriter, peak_flops, peak_memory_gb, training_flops_per_token
+from pt_train.model import load_model, load_tokenizer
+from pt_train.schedule import lr_at
+from pt_train.signals import NonFiniteLoss, StopRequest
+
+log = get_logger(__name__)
+
+IGNORE = -100
+
+
+class TrainingAborted(PtError):
+    """Training cannot go on (e.g. the loss stayed NaN/inf for too many steps)."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    total_steps: int
+    inference_path: Path | None  # None when stopped by a signal
+    stopped: bool  # True: stopped on SIGTERM/SIGUSR1 after saving a full checkpoint
+
+
+def deepspeed_config(cfg: TrainConfig, grad_accum: int, bf16: bool) -> dict:
+    """The DeepSpeed JSON derived from the YAML; ``deepspeed.raw`` is merged in last."""
+    ds = cfg.deepspeed
+    zero: dict = {"stage": ds.zero_stage}
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if ds.offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if ds.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    config = {
+        "train_batch_size": cfg.training.global_batch_size,
+        "train_micro_batch_size_per_gpu": cfg.training.micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        # Stage 0 is clipped here (to report the norm); ZeRO clips its own partitions.
+        "gradient_clipping": cfg.training.max_grad_norm if ds.zero_stage > 0 else 0.0,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    return _merge(config, ds.raw)
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def total_steps_of(cfg: TrainConfig, num_rows: int, num_tokens: int) -> int:
+    """Optimizer steps for the configured length; a partial last batch rounds up."""
+    t, g = cfg.training, cfg.training.global_batch_size
+    if t.max_steps is not None:
+        return t.max_steps
+    if t.num_epochs is not None:
+        samples = t.num_epochs * num_rows
+    elif t.num_training_samples is not None:
+        samples = t.num_training_samples
+    else:
+        samples = t.num_training_tokens / (num_tokens / num_rows)
+    return max(1, math.ceil(samples / g - 1e-9))
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, *, force_resume: bool = False):
+        self.cfg = cfg
+        self.run_dir = cfg.run_dir
+        if cfg.data.path is None:
+            raise ConfigError(
+                "no training data: data.path is not set",
+                hint="set data.path in the config, or pass --data PATH (or --data - in a pipe)",
+            )
+        self.env: DistEnv = init_distributed(cfg.launcher.backend)
+        self.device = (
+            torch.device("cuda", self.env.local_rank)
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+        precision = cfg.training.precision
+        self.bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
+        self.grad_accum = batch_layout(cfg.training, self.env.world_size)
+        self._prepare_run_dir(force_resume)
+
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path)
+        self.rows = load_rows(cfg.data, cfg.data.path, self.tokenizer)
+        self.sampler = StepSampler(
+            len(self.rows),
+            cfg.training.global_batch_size,
+            seed=cfg.training.seed,
+            shuffle=cfg.data.shuffle,
+        )
+        self.total_steps = total_steps_of(cfg, len(self.rows), count_tokens(self.rows))
+        self.loss_fn = LOSSES[cfg.training.loss]
+        self._build_engine()
+
+        self.step = 0
+        self.trained_tokens = 0
+        self.nonfinite = NonFiniteLoss(cfg.training.max_consecutive_nan)
+        latest = ckpt.latest_checkpoint(self.run_dir)
+        if latest is not None:
+            state = ckpt.load_full(self.engine, latest, self.env)
+            self.step = state["step"]
+            self.trained_tokens = state["trained_tokens"]
+            self.nonfinite.consecutive = state["consecutive_nonfinite"]
+            if self.env.is_main:
+                log.info("resuming %s from %s (step %d)", self.run_dir, latest.name, self.step)
+        self.metrics = MetricsWriter(
+            self.run_dir, cfg.logging, enabled=self.env.is_main, resume_step=self.step
+        )
+        self.flops_per_token = training_flops_per_token(self.engine.module)
+        self.peak_flops = peak_flops()
+
+    # ------------------------------------------------------------------ set-up
+
+    def _prepare_run_dir(self, force_resume: bool) -> None:
+        """Refuse to resume a run whose arithmetic changed; freeze the config (rank 0)."""
+        frozen = self.run_dir / "config.yaml"
+        if frozen.exists() and ckpt.latest_checkpoint(self.run_dir) is not None:
+            old = yaml.safe_load(frozen.read_text()) or {}
+            changed = changed_keys(old, config_to_dict(self.cfg))
+            if changed and not force_resume:
+                raise ConfigError(
+                    f"{self.run_dir} holds a run with a different config; changed keys: "
+                    + ", ".join(changed),
+                    hint="use a new run_name, restore those values, or pass --force-resume "
+                    "to continue anyway with the new values",
+                )
+            if changed and self.env.is_main:
+                log.warning("resuming with changed keys (forced): %s", ", ".join(changed))
+        barrier()
+        if self.env.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.remove_stale_temporaries(self.run_dir)
+            freeze_config(self.cfg, self.run_dir)
+        barrier()
+
+    def _build_engine(self) -> None:
+        if self.device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+
+        cfg = self.cfg
+        model = load_model(cfg.model, self.tokenizer, dtype=torch.float32, seed=cfg.training.seed)
+        decay, no_decay = [], []
+        for p in model.parameters():
+            if p.requires_grad:
+                (decay if p.ndim >= 2 else no_decay).append(p)
+        t = cfg.training
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": t.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=lr_at(0, t, self.total_steps),
+            betas=(t.adam_beta1, t.adam_beta2),
+            eps=t.adam_epsilon,
+        )
+        self.ds_config = deepspeed_config(cfg, self.grad_accum, self.bf16)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=self.ds_config
+        )
+        self.zero_stage = cfg.deepspeed.zero_stage
+        self.model_dtype = torch.bfloat16 if self.bf16 else torch.float32
+
+    # ------------------------------------------------------------------ one step
+
+    def micro_batches(self, step: int) -> list[dict]:
+        indices = self.sampler.micro_batches(
+            step, self.env.rank, self.env.world_size, self.cfg.training.micro_batch_size
+        )
+        out = []
+        for mb in indices:
+            batch = collate(
+                [self.rows[i] for i in mb],
+                self.tokenizer.pad_token_id,
+                self.cfg.model.attn_implementation,
+            )
+            batch["targets"] = shift_targets(batch.pop("labels"), batch["position_ids"])
+            batch["tokens"] = sum(len(self.rows[i]) for i in mb)
+            out.append(batch)
+        return out
+
+    def forward_backward_step(self, batch: dict, loss_scale: float) -> torch.Tensor:
+        """Forward one micro-batch, back-propagate ``loss_sum * loss_scale``; return the sum."""
+        mask = batch["attention_mask"]
+        if mask is not None:
+            mask = mask.to(self.device)
+            if mask.is_floating_point():
+                mask = mask.to(self.model_dtype)
+        out = self.engine(
+            input_ids=batch["input_ids"].to(self.device),
+            position_ids=batch["position_ids"].to(self.device),
+            attention_mask=mask,
+            use_cache=False,
+        )
+        # (batch, seq, vocab) -> drop the last position, which predicts nothing
+        loss_sum = self.loss_fn(out.logits[:, :-1], batch["targets"].to(self.device))
+        self.engine.backward(loss_sum * loss_scale, scale_wrt_gas=False)
+        return loss_sum.detach()
+
+    def train_step(self, step: int, stop: StopRequest | None = None) -> dict:
+        """One optimizer step over ``grad_accum`` micro-batches; returns its metrics."""
+        start = time.perf_counter()
+        batches = self.micro_batches(step)
+        local_trained = sum(int((b["targets"] != IGNORE).sum()) for b in batches)
+        local_tokens = sum(b["tokens"] for b in batches)
+        global_trained = all_reduce_sum(local_trained, self.device)
+        global_tokens = all_reduce_sum(local_tokens, self.device)
+        loss_scale = self.env.world_size / max(global_trained, 1.0)
+
+        lr = lr_at(step, self.cfg.training, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+        loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for i, batch in enumerate(batches):
+            loss_total += self.forward_backward_step(batch, loss_scale).double()
+            if i < len(batches) - 1:
+                self.engine.step()  # not a boundary: DeepSpeed only counts the micro-step
+        local_finite = bool(torch.isfinite(loss_total))
+        # One all-reduce for the loss, the NaN flag and the stop request.
+        flags = torch.tensor(
+            [
+                loss_total.item() if local_finite else 0.0,
+                0.0 if local_finite else 1.0,
+                1.0 if stop is not None and stop.requested else 0.0,
+            ],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        if self.env.world_size > 1:
+            flags_sum = flags.clone()
+            torch.distributed.all_reduce(flags_sum)
+            flags_max = flags.clone()
+            torch.distributed.all_reduce(flags_max, op=torch.distributed.ReduceOp.MAX)
+            loss_sum_all, nonfinite, stop_all = flags_sum[0], flags_max[1], flags_max[2]
+        else:
+            loss_sum_all, nonfinite, stop_all = flags[0], flags[1], flags[2]
+        finite = not bool(nonfinite)
+
+        grad_norm = None
+        if not finite:
+            # Drop this step's gradients so the update below changes nothing. (ZeRO
+            # stages also detect the non-finite gradient norm and skip by themselves.)
+            if self.zero_stage == 0:
+                self.engine.zero_grad()
+        elif self.zero_stage == 0 and self.cfg.training.max_grad_norm > 0:
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(
+                    self.engine.module.parameters(), self.cfg.training.max_grad_norm
+                )
+            )
+        self.engine.step()
+        if grad_norm is None and finite:
+            norm = self.engine.get_global_grad_norm()
+            grad_norm = float(norm) if norm is not None else None
+
+        elapsed = time.perf_counter() - start
+        if finite:
+            self.trained_tokens += int(global_trained)
+        record = {
+            "step": step + 1,
+            "loss": float(loss_sum_all) / max(global_trained, 1.0) if finite else float("nan"),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": int(global_tokens),
+            "step_trained_tokens": int(global_trained),
+            "trained_tokens": self.trained_tokens,
+            "tokens_per_s": global_tokens / elapsed,
+            "step_time_s": elapsed,
+            "peak_memory_gb": peak_memory_gb(),
+            "skipped": not finite,
+        }
+        if self.peak_flops:
+            record["mfu"] = (
+                self.flops_per_token
+                * global_tokens
+                / elapsed
+                / (self.peak_flops * self.env.world_size)
+            )
+        record["_stop"] = bool(stop_all)
+        return record
+
+    # ------------------------------------------------------------------ loop
+
+    def trainer_state(self) -> dict:
+        return {
+            "trained_tokens": self.trained_tokens,
+            "consecutive_nonfinite": self.nonfinite.consecutive,
+            "total_steps": self.total_steps,
+            "world_size": self.env.world_size,
+            "config_hash": config_hash(self.cfg),
+        }
+
+    def save_full(self) -> Path:
+        return ckpt.save_full(
+            self.engine,
+            self.run_dir,
+            self.step,
+            self.trainer_state(),
+            self.env,
+            self.cfg.training.save_total_limit,
+        )
+
+    def save_inference(self) -> Path:
+        return ckpt.save_inference(
+            self.engine, self.tokenizer, self.run_dir, self.step, self.env, self.zero_stage
+        )
+
+    def train(self) -> TrainResult:
+        t = self.cfg.training
+        if self.step >= self.total_steps:
+            path = self.run_dir / "inference" / f"step-{self.step}"
+            if not path.exists():
+                path = self.save_inference()
+            return TrainResult(self.run_dir, self.step, self.total_steps, path, False)
+        if self.env.is_main:
+            log.info(
+                "training %s: %d rows, %d steps, global batch %d = micro %d x accum %d x ranks %d",
+                self.run_dir,
+                len(self.rows),
+                self.total_steps,
+                t.global_batch_size,
+                t.micro_batch_size,
+                self.grad_accum,
+                self.env.world_size,
+            )
+        self.engine.train()
+        bar = progress() if self.env.is_main else None
+        stopped = False
+        with StopRequest() as stop, bar or nullcontext():
+            task = (
+                bar.add_task("train", total=self.total_steps, completed=self.step) if bar else None
+            )
+            while self.step < self.total_steps:
+                record = self.train_step(self.step, stop)
+                self.step += 1
+                stopped = record.pop("_stop")
+                if record["skipped"] and self.env.is_main:
+                    log.warning("step %d: loss is NaN/inf; update skipped", self.step)
+                if self.nonfinite.update(not record["skipped"]):
+                    raise TrainingAborted(
+                        f"the loss was NaN/inf for {self.nonfinite.consecutive} steps in a row "
+                        f"(up to step {self.step}); stopping",
+                        hint="lower training.learning_rate, check the data for empty or broken "
+                        "rows, or raise training.max_consecutive_nan",
+                    )
+                if self.step % t.logging_steps == 0 or self.step == self.total_steps:
+                    self.metrics.log(record)
+                if bar is not None:
+                    bar.update(task, completed=self.step, description=f"loss {record['loss']:.4f}")
+                done = self.step == self.total_steps
+                if stopped or done or (t.save_steps and self.step % t.save_steps == 0):
+                    self.save_full()
+                if done or (t.inference_steps and self.step % t.inference_steps == 0):
+                    self.save_inference()
+                if stopped:
+                    break
+        self.metrics.close()
+        if stopped:
+            if self.env.is_main:
+                log.warning(
+                    "stopped by signal %s at step %d; checkpoint saved, rerun to resume",
+                    stop.signum,
+                    self.step,
+                )
+            return TrainResult(self.run_dir, self.step, self.total_steps, None, True)
+        path = self.run_dir / "inference" / f"step-{self.step}"
+        return TrainResult(self.run_dir, self.step, self.total_steps, path, False)
+
+
+def train(cfg: TrainConfig, *, data_path: str | Path | None = None, force_resume: bool = False):
+    """Train (or resume) ``cfg``'s run in this process, as one rank of the job."""
+    if data_path is not None:
+        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(data_path)})})
+    if cfg.data.path is not None and not Path(cfg.data.path).exists():
+        raise InputError(f"data.path {cfg.data.path}: no such file or directory")
+    return Trainer(cfg, force_resume=force_resume).train()
