@@ -142,3 +142,59 @@ def packing_efficiency(row_lengths: Sequence[int], max_seq_length: int) -> float
     if not row_lengths:
         return 0.0
     return sum(row_lengths) / (len(row_lengths) * max_seq_length)
+
+
+# --------------------------------------------------------------------------- flat arrays
+
+
+def gather_segments(offsets, order, lengths=None):
+    """Token indices of segments ``order`` laid end to end (numpy, no Python loop).
+
+    ``offsets`` (n+1) delimit n segments of a flat array; ``lengths`` may shorten them
+    (truncation keeps each segment's head). Returns (indices, new_offsets).
+    """
+    import numpy as np
+
+    order = np.asarray(order, dtype=np.int64)
+    starts = offsets[:-1][order]
+    seg_lens = (offsets[1:] - offsets[:-1])[order] if lengths is None else lengths[order]
+    new_offsets = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(seg_lens, out=new_offsets[1:])
+    total = int(new_offsets[-1])
+    index = np.arange(total, dtype=np.int64) - np.repeat(new_offsets[:-1] - starts, seg_lens)
+    return index, new_offsets
+
+
+def pack_table(ids, labels, offsets, max_seq_length: int, *, packing: bool = True):
+    """Tokenized sequences held flat (``ids``/``labels`` int32, ``offsets`` n+1) -> a pyarrow
+    table of rows (``input_ids``, ``labels``, ``position_ids``, ``seq_lens``), packed by
+    best-fit-decreasing or one sequence per row. Same rows as :func:`pack_examples`."""
+    import numpy as np
+    import pyarrow as pa
+
+    lengths = offsets[1:] - offsets[:-1]
+    if packing:
+        bins = best_fit_decreasing(lengths.tolist(), max_seq_length)
+    else:
+        bins = [[i] for i in range(len(lengths))]
+    order = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=len(lengths))
+    index, seq_offsets = gather_segments(offsets, order)
+    seq_lens = lengths[order]
+    positions = np.arange(len(index), dtype=np.int64) - np.repeat(seq_offsets[:-1], seq_lens)
+    members = np.zeros(len(bins) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in bins], out=members[1:])
+    row_offsets = seq_offsets[members].astype(np.int32)
+
+    def lists(values):
+        return pa.ListArray.from_arrays(pa.array(row_offsets), pa.array(values))
+
+    return pa.table(
+        {
+            "input_ids": lists(ids[index].astype(np.int32)),
+            "labels": lists(labels[index].astype(np.int32)),
+            "position_ids": lists(positions.astype(np.int32)),
+            "seq_lens": pa.ListArray.from_arrays(
+                pa.array(members.astype(np.int32)), pa.array(seq_lens.astype(np.int32))
+            ),
+        }
+    )

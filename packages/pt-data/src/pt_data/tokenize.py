@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
+from itertools import chain
 from typing import Any, Literal
 
 from pt_core.contracts import IGNORE_INDEX
@@ -259,6 +260,70 @@ def tokenize_conversation(
 
 # --------------------------------------------------------------------------- in parallel
 
+
+class EncodedBatch:
+    """Many tokenized conversations held flat: ``ids``/``labels`` (int32) and ``offsets``
+    (n+1), cheap to send between processes and to pack without Python lists."""
+
+    def __init__(self, ids, labels, offsets):
+        self.ids, self.labels, self.offsets = ids, labels, offsets
+
+    @classmethod
+    def from_lists(cls, pairs: Sequence[tuple[list, list]]) -> EncodedBatch:
+        import numpy as np
+
+        lengths = [len(ids) for ids, _ in pairs]
+        total = sum(lengths)
+        offsets = np.zeros(len(pairs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ids = np.fromiter(chain.from_iterable(p[0] for p in pairs), dtype=np.int32, count=total)
+        labels = np.fromiter(chain.from_iterable(p[1] for p in pairs), dtype=np.int32, count=total)
+        return cls(ids, labels, offsets)
+
+    @classmethod
+    def concat(cls, batches: Sequence[EncodedBatch]) -> EncodedBatch:
+        import numpy as np
+
+        if not batches:
+            return cls(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64))
+        ids = np.concatenate([b.ids for b in batches])
+        labels = np.concatenate([b.labels for b in batches])
+        shifts = np.cumsum([0] + [int(b.offsets[-1]) for b in batches[:-1]])
+        offsets = np.concatenate(
+            [batches[0].offsets[:1]]
+            + [b.offsets[1:] + s for b, s in zip(batches, shifts, strict=True)]
+        )
+        return cls(ids, labels, offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self):
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def trained_counts(self):
+        """Tokens with a label, per sequence."""
+        import numpy as np
+
+        trained = (self.labels != IGNORE_INDEX).astype(np.int64)
+        sums = np.concatenate([[0], np.cumsum(trained)])
+        return sums[self.offsets[1:]] - sums[self.offsets[:-1]]
+
+    def select(self, keep, max_len: int | None = None) -> EncodedBatch:
+        """The sequences at indices ``keep``, each cut to ``max_len`` tokens if given."""
+        import numpy as np
+
+        from pt_data.pack import gather_segments
+
+        keep = np.asarray(keep, dtype=np.int64)
+        lengths = self.lengths
+        if max_len is not None:
+            lengths = np.minimum(lengths, max_len)
+        index, offsets = gather_segments(self.offsets, keep, lengths)
+        return EncodedBatch(self.ids[index], self.labels[index], offsets)
+
+
 _worker: ConversationTokenizer | None = None
 
 
@@ -267,30 +332,74 @@ def _init_worker(ct: ConversationTokenizer) -> None:
     _worker = ct
 
 
-def _encode_chunk(chunk: list[list[dict]]) -> list[tuple[list, list]]:
+def _encode_chunk(chunk: list[list[dict]]) -> EncodedBatch | tuple[int, str, str | None]:
     assert _worker is not None
-    return _worker.encode_many(chunk)
+    return _encode_flat(_worker, chunk)
 
 
-def encode_parallel(
-    ct: ConversationTokenizer,
-    conversations: Iterable[list[dict]],
-    *,
-    num_proc: int | None = None,
-    chunk_size: int = 512,
-) -> Iterator[tuple[list, list]]:
-    """``(input_ids, labels)`` for each conversation, in order, over ``num_proc`` processes
-    (default: the CPUs this process may use). One process means no pool at all."""
-    num_proc = num_proc or default_num_proc()
-    chunks = _chunks(conversations, chunk_size)
-    if num_proc <= 1:
-        for chunk in chunks:
-            yield from ct.encode_many(chunk)
-        return
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    with ctx.Pool(num_proc, initializer=_init_worker, initargs=(ct,)) as pool:
-        for encoded in pool.imap(_encode_chunk, chunks):
-            yield from encoded
+def _encode_flat(ct: ConversationTokenizer, chunk: list[list[dict]]):
+    # Errors travel back as data: the pickled exception would lose its hint.
+    try:
+        return EncodedBatch.from_lists(ct.encode_many(chunk))
+    except InputError:
+        for i, messages in enumerate(chunk):
+            try:
+                ct.encode(messages)
+            except InputError as exc:
+                return (i, exc.message, exc.hint)
+        raise
+
+
+class ParallelEncoder:
+    """Tokenize lists of conversations over ``num_proc`` processes (forked once).
+
+    ``encoder(conversations)`` -> :class:`EncodedBatch` in input order. With one
+    process there is no pool at all.
+    """
+
+    def __init__(
+        self, ct: ConversationTokenizer, num_proc: int | None = None, chunk_size: int = 256
+    ):
+        self.ct = ct
+        self.num_proc = num_proc or default_num_proc()
+        self.chunk_size = chunk_size
+        self.pool = None
+        if self.num_proc > 1:
+            methods = mp.get_all_start_methods()
+            ctx = mp.get_context("fork" if "fork" in methods else None)
+            self.pool = ctx.Pool(self.num_proc, initializer=_init_worker, initargs=(ct,))
+
+    def __call__(self, conversations: Sequence[list[dict]], ids: Sequence[Any] | None = None):
+        chunks = [
+            conversations[i : i + self.chunk_size]
+            for i in range(0, len(conversations), self.chunk_size)
+        ]
+        if self.pool is None:
+            results = [_encode_flat(self.ct, c) for c in chunks]
+        else:
+            results = self.pool.map(_encode_chunk, chunks, chunksize=1)
+        for n, result in enumerate(results):
+            if isinstance(result, tuple):
+                i, message, hint = result
+                index = n * self.chunk_size + i
+                who = f"row {ids[index]!r}" if ids is not None else f"conversation {index}"
+                raise InputError(f"{who}: {message}", hint=hint)
+        return EncodedBatch.concat(results)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.join()
+            self.pool = None
+
+    def __enter__(self) -> ParallelEncoder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None and exc[0] is not None:
+            self.pool.terminate()
+            self.pool = None
+        self.close()
 
 
 def default_num_proc() -> int:
@@ -298,14 +407,3 @@ def default_num_proc() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         return max(1, os.cpu_count() or 1)
-
-
-def _chunks(items: Iterable, size: int) -> Iterator[list]:
-    chunk: list = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

@@ -1,0 +1,343 @@
+"""``pt-data build``: sources -> transform -> mix -> (template, tokenize, pack) -> shards.
+
+The whole output directory is written under a temporary name and renamed into
+place at the end, so a failed build leaves nothing behind (and an earlier good
+build at the same path stays untouched until the new one is complete).
+
+Rows stream through in chunks of ``chunk_rows``: each chunk is shuffled (seeded),
+tokenized over ``num_proc`` processes and packed, then written as parquet shards of
+at most ``shard_rows`` rows. Memory is bounded by one chunk, not by the dataset.
+
+Output::
+
+    <output_dir>/train/part-00000.parquet ...
+    <output_dir>/validation/part-00000.parquet     (with validation_split > 0)
+    <output_dir>/dataset.json                      format, counts, tokenizer, config_hash
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pt_core.config import config_hash
+from pt_core.errors import ConfigError, InputError
+from pt_core.files import atomic_path, atomic_write_json
+from pt_core.log import get_logger, progress
+from pt_data import __version__
+from pt_data.config import DataConfig
+from pt_data.mix import MixedRow, Mixer
+from pt_data.pack import pack_table
+
+log = get_logger(__name__)
+
+
+def load_tokenizer(name_or_path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"tokenizer {name_or_path!r} cannot be loaded ({exc})",
+            hint="give a local tokenizer directory, or a hub name that is in the local cache",
+        ) from None
+
+
+def data_hash(cfg: DataConfig) -> str:
+    """Hash of what determines the data (not where it is written or how many processes)."""
+    d = cfg.model_dump(mode="json")
+    for key in ("output_dir", "output", "num_proc"):
+        d.pop(key, None)
+    return config_hash(d)
+
+
+class ShardWriter:
+    """Parquet shards of at most ``shard_rows`` rows in ``directory``."""
+
+    def __init__(self, directory: Path, shard_rows: int):
+        self.directory = directory
+        self.shard_rows = shard_rows
+        self.pending: list = []  # pyarrow tables
+        self.pending_rows = 0
+        self.shards = 0
+        self.rows = 0
+
+    def write(self, table) -> None:
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        while self.pending_rows >= self.shard_rows:
+            self._flush(self.shard_rows)
+
+    def close(self) -> None:
+        while self.pending_rows:
+            self._flush(min(self.pending_rows, self.shard_rows))
+
+    def _flush(self, n: int) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.concat_tables(self.pending, promote_options="permissive")
+        head, rest = table.slice(0, n), table.slice(n)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        pq.write_table(head, self.directory / f"part-{self.shards:05d}.parquet")
+        self.shards += 1
+        self.rows += head.num_rows
+        self.pending = [rest] if rest.num_rows else []
+        self.pending_rows = rest.num_rows
+
+
+def rows_table(rows: list[dict], where: str):
+    import pyarrow as pa
+
+    try:
+        return pa.Table.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InputError(
+            f"{where}: rows do not share one type per column ({exc})",
+            hint="make each column hold one type (e.g. map it in a transform), or drop it with "
+            "a custom transform",
+        ) from None
+
+
+class Builder:
+    """One build: holds the mixer, the tokenizer and the running counts."""
+
+    def __init__(self, cfg: DataConfig, *, skip_bad: bool | None = None):
+        self.cfg = cfg
+        self.mixer = Mixer(cfg, skip_bad=skip_bad)
+        self.tokenizer = None
+        self.ct = None
+        if cfg.tokenizer is not None:
+            from pt_data.tokenize import ConversationTokenizer
+
+            self.tokenizer = load_tokenizer(cfg.tokenizer.name_or_path)
+            self.ct = ConversationTokenizer(
+                self.tokenizer,
+                chat_template=cfg.tokenizer.chat_template,
+                train_on=cfg.tokenizer.train_on,
+            )
+        self.counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.source_tokens: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+    @property
+    def tokenized(self) -> bool:
+        return self.ct is not None
+
+    def output_format(self) -> str:
+        kind = self.mixer.kind
+        if self.cfg.tokenizer is not None:
+            if kind not in (None, "conversations"):
+                raise ConfigError(
+                    f"a tokenizer is set, but the transforms make {kind} rows; only "
+                    "conversations are tokenized and packed",
+                    hint="remove data.tokenizer, or use a conversation transform",
+                )
+            if self.cfg.format not in (None, "tokenized"):
+                raise ConfigError(
+                    f"data.format is {self.cfg.format!r} but a tokenizer is set",
+                    hint="remove data.tokenizer to write conversations, or set format: tokenized",
+                )
+            return "tokenized"
+        if self.cfg.format not in (None, kind):
+            raise ConfigError(
+                f"data.format is {self.cfg.format!r} but the transforms make {kind} rows",
+                hint=f"set format: {kind} or leave it unset",
+            )
+        return kind or "conversations"
+
+    def run(self, out_dir: Path) -> dict[str, Any]:
+        cfg = self.cfg
+        writers: dict[str, ShardWriter] = {}
+        encoder = None
+        if self.tokenized:
+            from pt_data.tokenize import ParallelEncoder
+
+            encoder = ParallelEncoder(self.ct, cfg.num_proc)
+        try:
+            with atomic_path(out_dir) as tmp, progress() as bar:
+                task = bar.add_task("building", total=None)
+                chunk: list[MixedRow] = []
+                n_chunk = 0
+                for item in self.mixer.rows():
+                    chunk.append(item)
+                    if len(chunk) >= cfg.chunk_rows:
+                        self._write_chunk(chunk, n_chunk, tmp, writers, encoder)
+                        bar.advance(task, len(chunk))
+                        chunk, n_chunk = [], n_chunk + 1
+                if chunk:
+                    self._write_chunk(chunk, n_chunk, tmp, writers, encoder)
+                    bar.advance(task, len(chunk))
+                if not writers:
+                    read = sum(s.read for s in self.mixer.stats.values())
+                    raise InputError(
+                        f"no rows left to write ({read} read; dropped: {self._dropped()})",
+                        hint="check the filters, weights and transforms; see pt-data inspect",
+                    )
+                for w in writers.values():
+                    w.close()
+                info = self._dataset_info(writers)
+                atomic_write_json(tmp / "dataset.json", info)
+        finally:
+            if encoder is not None:
+                encoder.close()
+        return info
+
+    def _dropped(self) -> dict[str, int]:
+        total: dict[str, int] = defaultdict(int)
+        for s in self.mixer.stats.values():
+            for k, v in s.dropped.items():
+                total[k] += v
+        return dict(total)
+
+    def _write_chunk(self, chunk, n_chunk, tmp: Path, writers, encoder) -> None:
+        random.Random(f"{self.cfg.seed}:chunk:{n_chunk}").shuffle(chunk)
+        by_split: dict[str, list[MixedRow]] = defaultdict(list)
+        for item in chunk:
+            by_split[item.split].append(item)
+        for split, items in sorted(by_split.items()):
+            if self.tokenized:
+                table = self._tokenize(items, split, encoder)
+            else:
+                table = rows_table([i.row for i in items], f"{split} rows")
+                self.counts[split]["sequences"] += len(items)
+                for i in items:
+                    self.source_tokens[i.source]["sequences"] += 1
+            if table.num_rows:
+                if split not in writers:
+                    writers[split] = ShardWriter(tmp / split, self.cfg.shard_rows)
+                writers[split].write(table)
+            self.counts[split]["rows"] += table.num_rows
+
+    def _tokenize(self, items: list[MixedRow], split: str, encoder):
+        import numpy as np
+
+        tcfg = self.cfg.tokenizer
+        max_len = tcfg.max_seq_length
+        batch = encoder([i.row["messages"] for i in items], ids=[i.row.get("id") for i in items])
+        lengths = batch.lengths
+        trained = batch.trained_counts()
+        if (trained == 0).any():
+            bad = items[int(np.argmax(trained == 0))]
+            raise InputError(
+                f"row {bad.row.get('id')!r} ({bad.source}) has no trainable tokens: the chat "
+                "template renders no assistant content for it",
+                hint="use a template that renders assistant turns (data.tokenizer.chat_template: "
+                "chatml), or check train_on",
+            )
+        keep = np.ones(len(items), dtype=bool)
+        too_long = lengths > max_len
+        if tcfg.truncate:
+            batch = batch.select(np.arange(len(items)), max_len)
+            trained = batch.trained_counts()
+            emptied = trained == 0
+            keep &= ~emptied
+            reason, dropped = "truncated_to_nothing", emptied
+        else:
+            keep &= ~too_long
+            reason, dropped = "too_long", too_long
+        for idx in np.flatnonzero(dropped):
+            self.mixer.stats[items[idx].source].dropped[reason] += 1
+        self.counts[split]["truncated" if tcfg.truncate else "too_long"] += int(too_long.sum())
+        if not keep.all():
+            batch = batch.select(np.flatnonzero(keep))
+            items = [i for i, k in zip(items, keep, strict=True) if k]
+            trained = trained[keep]
+        lengths = batch.lengths
+        for item, n, t in zip(items, lengths.tolist(), trained.tolist(), strict=True):
+            s = self.source_tokens[item.source]
+            s["sequences"] += 1
+            s["tokens"] += n
+            s["trained_tokens"] += t
+        c = self.counts[split]
+        c["sequences"] += len(items)
+        c["tokens"] += int(lengths.sum())
+        c["trained_tokens"] += int(trained.sum())
+        if not len(items):
+            import pyarrow as pa
+
+            return pa.table({})
+        return pack_table(batch.ids, batch.labels, batch.offsets, max_len, packing=tcfg.packing)
+
+    def _dataset_info(self, writers) -> dict[str, Any]:
+        cfg = self.cfg
+        fmt = self.output_format()
+        splits = {s: self.counts[s]["rows"] for s in sorted(writers)}
+        info: dict[str, Any] = {
+            "format": fmt,
+            "splits": splits,
+            "counts": {s: dict(self.counts[s]) for s in sorted(writers)},
+            "config_hash": data_hash(cfg),
+            "created_by": f"pt-data {__version__}",
+            "sources": {
+                name: {**st.as_dict(), **dict(self.source_tokens.get(name, {}))}
+                for name, st in self.mixer.stats.items()
+            },
+            "bad_lines": sum(s.bad_lines for s in self.mixer.stats.values()),
+            "dropped": self._dropped(),
+        }
+        if cfg.tokenizer is not None:
+            t = cfg.tokenizer
+            train = self.counts.get("train") or next(iter(self.counts.values()))
+            info["tokenizer"] = {
+                "name_or_path": t.name_or_path,
+                "chat_template": t.chat_template,
+                "train_on": t.train_on,
+                "bos_token": self.tokenizer.bos_token,
+                "eos_token": self.tokenizer.eos_token,
+            }
+            info["max_seq_length"] = t.max_seq_length
+            info["packing"] = t.packing
+            info["tokens"] = sum(c["tokens"] for c in self.counts.values())
+            info["packing_efficiency"] = (
+                round(train["tokens"] / (train["rows"] * t.max_seq_length), 4)
+                if train["rows"]
+                else 0.0
+            )
+        info["config"] = cfg.model_dump(mode="json")
+        return info
+
+
+def build(
+    cfg: DataConfig, *, out_dir: str | Path | None = None, skip_bad: bool | None = None
+) -> dict[str, Any]:
+    """Build the dataset described by ``cfg``; return the manifest fields.
+
+    Returns ``{"path", "format", "rows", "splits", "tokens", "packing_efficiency",
+    "config_hash", ...}``; ``rows`` counts the train split.
+    """
+    target = out_dir or cfg.out_dir
+    if not target:
+        raise ConfigError(
+            "no output directory: set data.output_dir",
+            hint="add output_dir: out/data/<name> under data:, or pass --out DIR",
+        )
+    out = Path(target)
+    builder = Builder(cfg, skip_bad=skip_bad)
+    info = builder.run(out)
+    log.info(
+        "wrote %s (%s): %s",
+        out,
+        info["format"],
+        ", ".join(f"{k} {v} rows" for k, v in info["splits"].items()),
+    )
+    return manifest_fields(out, info)
+
+
+def manifest_fields(out: Path, info: dict[str, Any]) -> dict[str, Any]:
+    fields = {
+        "path": str(out),
+        "format": info["format"],
+        "rows": info["splits"].get("train", sum(info["splits"].values())),
+        "splits": info["splits"],
+        "config_hash": info["config_hash"],
+        "bad_lines": info["bad_lines"],
+        "dropped": info["dropped"],
+    }
+    if "tokens" in info:
+        fields["tokens"] = info["tokens"]
+        fields["packing_efficiency"] = info["packing_efficiency"]
+        fields["max_seq_length"] = info["max_seq_length"]
+    return fields

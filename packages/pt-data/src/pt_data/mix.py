@@ -1,0 +1,223 @@
+"""Mixing datasets: transform, filter, de-duplicate, weight and split, as one stream.
+
+Semantics, all deterministic under ``seed``:
+
+* **weight** is a per-dataset sampling factor applied to the rows that survive
+  transform, filters and de-duplication: each row is emitted ``floor(w)`` times, and
+  once more with probability ``w - floor(w)``. So ``weight: 0.5`` keeps about half of a
+  dataset, ``weight: 2`` repeats it twice, ``weight: 0`` drops it. The share of
+  dataset ``i`` in the output is ``w_i * n_i / sum_j(w_j * n_j)`` (``n`` = its kept rows),
+  exact for whole weights and within sampling noise for fractional ones. Streaming
+  needs no row counts up front.
+* **dedup** (``prompt`` by default) drops a row whose prompt (every message before the
+  last assistant turn, or the ``prompt`` of prompts/preferences rows) was already
+  seen, in config order, across all datasets; ``row`` compares whole rows; ``none`` keeps all.
+* **validation_split** sends a row to ``validation`` when a hash of ``(seed, prompt)``
+  falls below the fraction, so every copy of a row (weights > 1) lands in the same split
+  and no prompt is both trained on and validated on.
+* Filters drop rows with an empty turn, with no assistant content, or longer than
+  ``filters.max_chars``; every drop is counted per dataset and reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pt_core.errors import ConfigError, InputError
+from pt_data.config import DataConfig, DatasetSpec
+from pt_data.sources import BadRows, iter_source
+from pt_data.transforms import Transform, get_transform, infer_kind
+
+
+@dataclass
+class SourceStats:
+    name: str
+    read: int = 0
+    kept: int = 0
+    emitted: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    bad_lines: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "read": self.read,
+            "kept": self.kept,
+            "rows": self.emitted,
+            "dropped": dict(self.dropped),
+            "bad_lines": self.bad_lines,
+        }
+
+
+@dataclass
+class MixedRow:
+    split: str
+    source: str
+    row: dict
+
+
+def prompt_key(row: dict, kind: str) -> Any:
+    """What de-duplication and the split compare: the prompt part of a row."""
+    if kind == "conversations":
+        msgs = row["messages"]
+        last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=len(msgs))
+        return msgs[:last]
+    return row.get("prompt")
+
+
+def stable_hash(obj: Any) -> bytes:
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def unit_interval(*parts: Any) -> float:
+    """A deterministic number in [0, 1) from ``parts``."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def filter_reason(row: dict, kind: str, cfg: DataConfig) -> str | None:
+    """Why a transformed row is dropped, or None to keep it."""
+    f = cfg.filters
+    if kind == "conversations":
+        msgs = row["messages"]
+        if f.drop_empty_turns and any(
+            not isinstance(m.get("content"), str) or not m["content"].strip() for m in msgs
+        ):
+            return "empty_turn"
+        assistant = [m for m in msgs if m.get("role") == "assistant"]
+        if not assistant or sum(len(m["content"]) for m in assistant) <= f.min_assistant_chars:
+            return "no_assistant"
+        text_len = sum(len(m["content"]) for m in msgs if isinstance(m.get("content"), str))
+    elif kind == "preferences":
+        parts = [row["prompt"], row["chosen"], row["rejected"]]
+        if f.drop_empty_turns and any(
+            not m.get("content") or not str(m["content"]).strip() for p in parts for m in p
+        ):
+            return "empty_turn"
+        text_len = sum(len(str(m.get("content"))) for p in parts for m in p)
+    else:
+        prompt = row.get("prompt")
+        if f.drop_empty_turns and (
+            not prompt
+            or (isinstance(prompt, str) and not prompt.strip())
+            or (
+                isinstance(prompt, list)
+                and any(not str(m.get("content", "")).strip() for m in prompt)
+            )
+        ):
+            return "empty_turn"
+        text_len = len(json.dumps(prompt, ensure_ascii=False))
+    if f.max_chars is not None and text_len > f.max_chars:
+        return "too_long_chars"
+    return None
+
+
+class Mixer:
+    """Streams the mixed rows of a ``data:`` config and keeps per-dataset counts."""
+
+    def __init__(self, cfg: DataConfig, *, skip_bad: bool | None = None):
+        self.cfg = cfg
+        self.skip_bad = cfg.skip_bad if skip_bad is None else skip_bad
+        self.transforms: list[Transform] = []
+        names = []
+        for spec in cfg.datasets:
+            t = get_transform(spec.transform_name)
+            t.check_options(spec.transform_options)
+            self.transforms.append(t)
+            name = spec.display_name
+            while name in names:  # two entries from one file get distinct names
+                name += "'"
+            names.append(name)
+        self.names = names
+        self.stats = {n: SourceStats(n) for n in names}
+        self.kind: str | None = None
+        self._seen: set[bytes] = set()
+
+    def transformed(self, index: int, limit: int | None = None) -> Iterator[tuple[dict, dict]]:
+        """``(raw, transformed)`` pairs of one dataset, before filters (for inspect)."""
+        spec, t = self.cfg.datasets[index], self.transforms[index]
+        bad = BadRows()
+        for n, raw in enumerate(iter_source(spec, skip_bad=self.skip_bad, bad=bad)):
+            if limit is not None and n >= limit:
+                break
+            yield raw, self._apply(spec, t, raw, n)
+
+    def _apply(self, spec: DatasetSpec, t: Transform, raw: dict, n: int) -> dict | None:
+        try:
+            out = t.fn(raw, **spec.transform_options)
+        except InputError as exc:
+            raise InputError(
+                f"{spec.source} row {n + 1} ({t.name} transform): {exc.message}", hint=exc.hint
+            ) from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(
+                f"{spec.source} row {n + 1}: transform {t.name!r} failed "
+                f"({type(exc).__name__}: {exc}); the row has columns {', '.join(map(repr, raw))}",
+                hint="pick the transform that matches these columns, or rename columns with "
+                "'columns: {old: new}'",
+            ) from None
+        if out is None:
+            return None
+        if not isinstance(out, dict):
+            raise InputError(
+                f"transform {t.name!r} returned {type(out).__name__}; expected a dict or None"
+            )
+        kind = t.kind or infer_kind(out)
+        if self.kind is None:
+            self.kind = kind
+        elif kind != self.kind:
+            raise ConfigError(
+                f"dataset {spec.source!r} (transform {t.name!r}) makes {kind} rows, but earlier "
+                f"datasets make {self.kind} rows; one output holds one kind",
+                hint="build each kind into its own output_dir",
+            )
+        return out
+
+    def rows(self) -> Iterator[MixedRow]:
+        cfg = self.cfg
+        for index, spec in enumerate(cfg.datasets):
+            stats = self.stats[self.names[index]]
+            t = self.transforms[index]
+            rng = random.Random(f"{cfg.seed}:{index}:{spec.source}")
+            whole, frac = math.floor(spec.weight), spec.weight - math.floor(spec.weight)
+            bad = BadRows()
+            for n, raw in enumerate(iter_source(spec, skip_bad=self.skip_bad, bad=bad)):
+                stats.read += 1
+                out = self._apply(spec, t, raw, n)
+                if out is None:
+                    stats.dropped["transform"] += 1
+                    continue
+                reason = filter_reason(out, self.kind, cfg)
+                if reason is not None:
+                    stats.dropped[reason] += 1
+                    continue
+                key = prompt_key(out, self.kind)
+                if cfg.dedup != "none":
+                    digest = stable_hash(key if cfg.dedup == "prompt" else out)
+                    if digest in self._seen:
+                        stats.dropped["duplicate"] += 1
+                        continue
+                    self._seen.add(digest)
+                stats.kept += 1
+                copies = whole + (1 if frac and rng.random() < frac else 0)
+                if not copies:
+                    continue
+                split = "train"
+                if cfg.validation_split and unit_interval(cfg.seed, stable_hash(key)) < (
+                    cfg.validation_split
+                ):
+                    split = "validation"
+                out.setdefault("source", self.names[index])
+                if "id" not in out:
+                    out["id"] = f"{self.names[index]}-{n}"
+                for _ in range(copies):
+                    stats.emitted += 1
+                    yield MixedRow(split, self.names[index], out)
+            stats.bad_lines = bad.count

@@ -1,0 +1,219 @@
+"""Token statistics of a config's data (before writing) or of a built dataset.
+
+Counts per source and overall: sequences, tokens (total, mean, min, max,
+percentiles), trained tokens, and a histogram of sequence lengths, printed in the
+terminal and optionally drawn to a PNG.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pt_core.errors import InputError
+from pt_core.files import row_files, split_path
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def summarize(lengths, trained=None) -> dict[str, Any]:
+    import numpy as np
+
+    arr = np.asarray(lengths, dtype=np.int64)
+    if arr.size == 0:
+        return {"sequences": 0, "tokens": 0}
+    out: dict[str, Any] = {
+        "sequences": int(arr.size),
+        "tokens": int(arr.sum()),
+        "mean": round(float(arr.mean()), 1),
+        "min": int(arr.min()),
+        "max": int(arr.max()),
+    }
+    for p in PERCENTILES:
+        out[f"p{p}"] = int(np.percentile(arr, p))
+    if trained is not None:
+        out["trained_tokens"] = int(np.asarray(trained, dtype=np.int64).sum())
+    return out
+
+
+def lengths_from_config(cfg, *, limit: int | None = None) -> dict[str, dict[str, list[int]]]:
+    """Tokenize a config's mixed rows without writing: ``{source: {lengths, trained}}``."""
+    from pt_data.build import load_tokenizer
+    from pt_data.mix import Mixer
+    from pt_data.tokenize import ConversationTokenizer, ParallelEncoder
+
+    if cfg.tokenizer is None:
+        raise InputError(
+            "stats needs token counts, and this config has no data.tokenizer",
+            hint="add data.tokenizer.name_or_path, or pass data.tokenizer.name_or_path=DIR",
+        )
+    tok = load_tokenizer(cfg.tokenizer.name_or_path)
+    ct = ConversationTokenizer(
+        tok, chat_template=cfg.tokenizer.chat_template, train_on=cfg.tokenizer.train_on
+    )
+    mixer = Mixer(cfg)
+    items = []
+    for n, item in enumerate(mixer.rows()):
+        if limit is not None and n >= limit:
+            break
+        items.append(item)
+    if mixer.kind not in (None, "conversations"):
+        raise InputError(f"stats counts tokens of conversations; these rows are {mixer.kind}")
+    out: dict[str, dict[str, list[int]]] = defaultdict(lambda: {"lengths": [], "trained": []})
+    with ParallelEncoder(ct, cfg.num_proc) as encode:
+        batch = encode([i.row["messages"] for i in items], ids=[i.row.get("id") for i in items])
+    for item, n, t in zip(
+        items, batch.lengths.tolist(), batch.trained_counts().tolist(), strict=True
+    ):
+        out[item.source]["lengths"].append(n)
+        out[item.source]["trained"].append(t)
+    return dict(out)
+
+
+def lengths_from_dataset(path: str | Path, split: str = "train") -> dict[str, dict[str, list[int]]]:
+    """Sequence lengths of a built tokenized dataset (or a tokenized parquet/jsonl file)."""
+    import pyarrow.parquet as pq
+
+    from pt_core.files import iter_rows
+
+    lengths: list[int] = []
+    trained: list[int] = []
+    rows = 0
+    for f in row_files(split_path(path, split)):
+        if f.suffix == ".parquet":
+            names = pq.ParquetFile(f).schema_arrow.names
+            if "input_ids" not in names:
+                raise InputError(
+                    f"{f}: not a tokenized dataset (columns: {', '.join(names)})",
+                    hint="run stats on the config instead, which tokenizes the rows",
+                )
+            cols = ["seq_lens", "labels"] if "seq_lens" in names else ["input_ids", "labels"]
+            table = pq.read_table(f, columns=cols)
+            for row in table.to_pylist():
+                rows += 1
+                if "seq_lens" in row:
+                    lengths += row["seq_lens"]
+                else:
+                    lengths.append(len(row["input_ids"]))
+                trained.append(sum(1 for x in row["labels"] if x != -100))
+        else:
+            for row in iter_rows(f):
+                if "input_ids" not in row:
+                    raise InputError(f"{f}: not a tokenized dataset (no 'input_ids')")
+                rows += 1
+                lengths += row.get("seq_lens") or [len(row["input_ids"])]
+                trained.append(sum(1 for x in row["labels"] if x != -100))
+    return {"all": {"lengths": lengths, "trained": trained, "rows": [rows]}}
+
+
+def compute_stats(
+    target: str,
+    overrides: list[str] | None = None,
+    *,
+    split: str = "train",
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """Stats of a config file (YAML) or a built dataset (directory / file)."""
+    p = Path(target)
+    if p.suffix in (".yaml", ".yml"):
+        from pt_data.config import load_data_config
+
+        cfg = load_data_config(p, overrides)
+        per_source = lengths_from_config(cfg, limit=limit)
+        max_len = cfg.tokenizer.max_seq_length
+    else:
+        per_source = lengths_from_dataset(p, split)
+        info_path = (p / "dataset.json") if p.is_dir() else None
+        max_len = None
+        if info_path and info_path.exists():
+            info = json.loads(info_path.read_text())
+            max_len = info.get("max_seq_length")
+    all_lengths = [n for s in per_source.values() for n in s["lengths"]]
+    all_trained = [n for s in per_source.values() for n in s["trained"]]
+    result: dict[str, Any] = {
+        "overall": summarize(all_lengths, all_trained),
+        "sources": {k: summarize(v["lengths"], v["trained"]) for k, v in per_source.items()},
+        "histogram": histogram(all_lengths),
+    }
+    if max_len:
+        result["max_seq_length"] = max_len
+        result["over_max_seq_length"] = sum(1 for n in all_lengths if n > max_len)
+    if "rows" in next(iter(per_source.values()), {}):
+        result["rows"] = per_source["all"]["rows"][0]
+        if max_len and result["rows"]:
+            result["packing_efficiency"] = round(sum(all_lengths) / (result["rows"] * max_len), 4)
+    result["_lengths"] = all_lengths
+    return result
+
+
+def histogram(lengths, bins: int = 12) -> list[dict[str, int]]:
+    import numpy as np
+
+    if not lengths:
+        return []
+    arr = np.asarray(lengths)
+    lo, hi = int(arr.min()), int(arr.max()) + 1
+    width = max(1, -(-(hi - lo) // bins))  # whole-token bins
+    counts, edges = np.histogram(arr, bins=np.arange(lo, hi + width, width))
+    return [
+        {"from": int(edges[i]), "to": int(edges[i + 1]) - 1, "count": int(c)}
+        for i, c in enumerate(counts)
+    ]
+
+
+def render_stats(result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from pt_core.log import console
+
+    table = Table(title="token counts per sequence", title_justify="left")
+    cols = [
+        "sequences",
+        "tokens",
+        "trained_tokens",
+        "mean",
+        "min",
+        "max",
+        *(f"p{p}" for p in PERCENTILES),
+    ]
+    table.add_column("source")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for name, s in [*result["sources"].items(), ("all", result["overall"])]:
+        table.add_row(name, *(str(s.get(c, "")) for c in cols))
+    console.print(table)
+    hist = result["histogram"]
+    if hist:
+        top = max(h["count"] for h in hist) or 1
+        console.print("length histogram")
+        for h in hist:
+            bar = "█" * round(40 * h["count"] / top)
+            console.print(f"  {h['from']:>7}-{h['to']:<7} {bar} {h['count']}", highlight=False)
+    for key in ("rows", "packing_efficiency", "max_seq_length", "over_max_seq_length"):
+        if key in result:
+            console.print(f"{key}: {result[key]}", highlight=False)
+
+
+def plot_lengths(lengths, path: str | Path, max_seq_length: int | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pt_core.files import atomic_path
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist(lengths, bins=50, color="#4477aa")
+    if max_seq_length:
+        ax.axvline(max_seq_length, color="#cc3311", linestyle="--", label="max_seq_length")
+        ax.legend()
+    ax.set_xlabel("tokens per sequence")
+    ax.set_ylabel("sequences")
+    fig.tight_layout()
+    target = Path(path)
+    with atomic_path(target) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return target
