@@ -60,14 +60,18 @@ def run(
         if force_resume:
             argv.append("--force-resume")
         code = spawn_local_ranks(cfg.launcher.nproc, argv, cfg.launcher.master_port)
-        raise typer.Exit(code)
+        # sys.exit, not typer.Exit: click returns (rather than raises) Exit codes when
+        # not standalone, and the requeue code must reach the shell.
+        if code:
+            sys.exit(code)
+        return
 
     from pt_train.trainer import train
 
     with _stdout_to_stderr():
         result = train(cfg, data_path=data_path, force_resume=force_resume)
     if result.stopped:
-        raise typer.Exit(REQUEUE_EXIT_CODE)
+        sys.exit(REQUEUE_EXIT_CODE)
     env = launched_env()
     if env is None or env.rank == 0:
         emit_manifest(
