@@ -193,7 +193,8 @@ class Builder:
         return dict(total)
 
     def _write_chunk(self, chunk, n_chunk, tmp: Path, writers, encoder) -> None:
-        random.Random(f"{self.cfg.seed}:chunk:{n_chunk}").shuffle(chunk)
+        if self.cfg.shuffle:
+            random.Random(f"{self.cfg.seed}:chunk:{n_chunk}").shuffle(chunk)
         by_split: dict[str, list[MixedRow]] = defaultdict(list)
         for item in chunk:
             by_split[item.split].append(item)

@@ -104,6 +104,7 @@ class DataConfig(Section):
         None, description="None: tokenized when a tokenizer is given, else the transforms' kind"
     )
     seed: int = 0
+    shuffle: bool = Field(True, description="shuffle rows (within chunks of chunk_rows)")
     validation_split: float = Field(0.0, ge=0, lt=1)
     dedup: Literal["prompt", "row", "none"] = Field(
         "prompt", description="drop rows whose prompt (or whole row) was seen before"
