@@ -1,0 +1,192 @@
+"""The ``slurm:`` section of a run config, the only part pt-slurm validates.
+
+pt-slurm reads the same YAML as ``pt-train run``: ``run_name`` and ``output_dir``
+name the run directory, ``slurm:`` says where and how the job runs, and every
+other key is passed through to the stage untouched::
+
+    run_name: sft-8b
+    output_dir: runs
+    slurm:
+      partition: gpu
+      nodes: 2
+      gpus_per_node: 4
+      time: "04:00:00"
+      signal_seconds: 300        # SIGUSR1 this long before the wall time
+      max_failures: 3            # consecutive real failures before giving up
+      env: {NCCL_DEBUG: WARN}
+    model: ...                   # pt-train's keys, not read here
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from pt_core.config import Section, apply_overrides, load_config, read_yaml
+from pt_core.errors import ConfigError
+
+STAGES = ("train", "rollout", "eval")
+LAUNCHERS = ("torchrun", "deepspeed", "accelerate", "none")
+
+# SLURM's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_MEM_RE = re.compile(r"^\d+[KMGT]?$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_WORD_RE = re.compile(r"^[^\s'\"\\`$;&|<>]+$")  # safe inside an #SBATCH line unquoted
+
+
+def time_limit_seconds(text: str) -> int:
+    """Seconds in a SLURM time limit ("30" minutes, "04:00:00", "1-12:00")."""
+    m = _TIME_RE.match(text.strip())
+    if not m:
+        raise ValueError(
+            f"{text!r} is not a SLURM time limit; use minutes, MM:SS, HH:MM:SS, D-HH, "
+            "D-HH:MM or D-HH:MM:SS"
+        )
+    days, a, b, c = m.groups()
+    fields = [int(x) for x in (a, b, c) if x is not None]
+    if days is not None:  # D-H[:M[:S]]
+        hours, minutes, seconds = (fields + [0, 0])[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if len(fields) == 1:  # M
+        return fields[0] * 60
+    if len(fields) == 2:  # M:S
+        return fields[0] * 60 + fields[1]
+    hours, minutes, seconds = fields
+    return (hours * 60 + minutes) * 60 + seconds
+
+
+class ContainerConfig(Section):
+    """Run the stage inside an Apptainer/Singularity image (GPUs passed through with --nv)."""
+
+    image: str
+    runtime: Literal["apptainer", "singularity"] = "apptainer"
+    binds: list[str] = Field(default_factory=list)  # "src:dst[:ro]"
+    options: list[str] = Field(default_factory=list)  # extra words for `apptainer exec`
+
+
+class SlurmConfig(Section):
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    nodes: int = Field(1, gt=0)
+    gpus_per_node: int = Field(0, ge=0)
+    procs_per_node: int | None = Field(None, gt=0)  # ranks per node; default gpus_per_node or 1
+    cpus_per_task: int | None = Field(None, gt=0)  # one task per node, so: CPUs per node
+    mem: str | None = None  # per node, e.g. "64G"; "0" asks for all of it
+    time: str | None = None  # wall time, e.g. "04:00:00"
+    job_name: str | None = None  # default: run_name
+    modules: list[str] = Field(default_factory=list)  # `module load` before the stage
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    env_file: str | None = None  # KEY=value lines, sourced with `set -a`
+    setup: list[str] = Field(default_factory=list)  # shell lines run before the stage
+    python_env: str | None = None  # venv (or its bin/) with the pt commands; default: this one
+    container: ContainerConfig | None = None
+    extra_sbatch: list[str] = Field(default_factory=list)  # e.g. "--exclusive"
+    signal_seconds: int = Field(120, gt=0, le=65535)
+    max_failures: int = Field(3, gt=0)
+    launcher: Literal["torchrun", "deepspeed", "accelerate", "none"] | None = None
+    command: str | None = None  # replaces the stage's command; {config} = the frozen config
+
+    @field_validator("partition", "account", "qos", "job_name", "mem", "time")
+    @classmethod
+    def _one_word(cls, value: str | None) -> str | None:
+        if value is not None and not _WORD_RE.match(value):
+            raise ValueError(f"{value!r} must be one word without quotes or shell characters")
+        return value
+
+    @field_validator("mem", "time", mode="before")
+    @classmethod
+    def _number_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, value: str | None) -> str | None:
+        if value is not None and not _MEM_RE.match(value):
+            raise ValueError(f"{value!r} is not a SLURM memory size; use e.g. 64G, 500M or 0")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None:
+            time_limit_seconds(value)
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict) -> dict:
+        bad = [k for k in value if not _ENV_NAME_RE.match(k)]
+        if bad:
+            raise ValueError(f"not valid environment variable names: {', '.join(bad)}")
+        return value
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _sbatch_lines(cls, value: list[str]) -> list[str]:
+        for line in value:
+            if not line.startswith("-") or "\n" in line:
+                raise ValueError(
+                    f"{line!r}: give each extra #SBATCH line as one option, e.g. '--exclusive'"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _signal_before_wall_time(self):
+        if self.time is not None and self.signal_seconds >= time_limit_seconds(self.time):
+            raise ValueError(
+                f"signal_seconds={self.signal_seconds} is not shorter than time={self.time!r}: "
+                "the job would be signalled before it starts; lower signal_seconds"
+            )
+        return self
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.procs_per_node or self.gpus_per_node or 1
+
+
+class RunFile(Section):
+    """The keys pt-slurm reads; the rest of the file belongs to the stage."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+    run_name: str
+    output_dir: str = "runs"
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        if not value or "/" in value or value in (".", ".."):
+            raise ValueError("run_name must be a plain directory name, without '/'")
+        return value
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_name
+
+
+def load_run_config(
+    path: str | Path, overrides: list[str] | None = None
+) -> tuple[RunFile, dict[str, Any]]:
+    """The validated run keys and the whole config after overrides (to freeze as is)."""
+    run = load_config(path, overrides, RunFile)
+    data, _lines = read_yaml(path)
+    apply_overrides(data, list(overrides or []))
+    return run, data
+
+
+def check_stage(stage: str, run: RunFile, data: dict) -> None:
+    """A stage other than train needs its flags (a ``rollout:``/``eval:`` mapping) or a command."""
+    if stage not in STAGES:
+        raise ConfigError(f"unknown stage {stage!r}", hint=f"use one of {', '.join(STAGES)}")
+    if stage != "train" and run.slurm.command is None and not isinstance(data.get(stage), dict):
+        raise ConfigError(
+            f"--stage {stage} needs a top-level '{stage}:' mapping of the command's options "
+            f"(or slurm.command)",
+            hint=f"e.g. {stage}: {{model: runs/sft/inference/step-100, prompts: data/p.jsonl}}",
+        )

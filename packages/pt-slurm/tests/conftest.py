@@ -1,0 +1,218 @@
+"""A real one-node SLURM cluster for the tests marked ``slurm``: munged, slurmctld and
+slurmd started as root from a slurm.conf in a temporary directory, stopped at the end.
+
+Install the packages with ``.ci/setup-slurm.sh``. Where they are missing, or the tests
+do not run as root, the ``slurm`` tests are skipped with the reason, unless
+``PT_REQUIRE_SLURM=1`` (set in CI), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("sbatch", "srun", "scontrol", "squeue", "scancel", "sinfo")
+
+
+def _missing() -> str | None:
+    """Why a local cluster cannot start here, or None."""
+    absent = [b for b in (*DAEMONS, *CLIENTS) if shutil.which(b) is None]
+    if absent:
+        return f"SLURM not installed (missing {', '.join(absent)}); run .ci/setup-slurm.sh"
+    if os.geteuid() != 0:
+        return "the local SLURM cluster is started as root; these tests are not running as root"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_line() -> str:
+    """This machine's real CPUs and memory, as slurmd itself sees them."""
+    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if line.startswith("NodeName="):
+            words = [w for w in line.split() if w.split("=")[0] != "UpTime"]
+            return " ".join(words)
+    return f"NodeName={socket.gethostname().split('.')[0]} CPUs={os.cpu_count() or 1}"
+
+
+SLURM_CONF = """\
+ClusterName=ptlocal
+SlurmctldHost={host}
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+AuthType=auth/munge
+CredType=cred/munge
+# cred_expire also holds a requeued job back (120 s by default; 5 s is the minimum)
+AuthInfo=socket={root}/munge/munge.socket,cred_expire=5
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+JobRequeue=1
+MinJobAge=3600
+KillWait=10
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=1,sched_min_interval=100000
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/filetxt
+JobCompLoc={root}/jobcomp.log
+{node} NodeAddr=127.0.0.1 State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class LocalSlurm:
+    """Handles on the running cluster for tests."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.conf = root / "slurm.conf"
+        self.procs: list[subprocess.Popen] = []
+
+    # ----------------------------------------------------------------- life cycle
+
+    def start(self) -> None:
+        root = self.root
+        for sub in ("state", "spool", "log", "munge"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        (root / "munge").chmod(0o711)
+        key = root / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        node = _node_line()
+        host = node.split()[0].split("=", 1)[1]
+        self.conf.write_text(
+            SLURM_CONF.format(
+                root=root,
+                host=host,
+                node=node,
+                ctld_port=_free_port(),
+                slurmd_port=_free_port(),
+            )
+        )
+        os.environ["SLURM_CONF"] = str(self.conf)
+        munge = root / "munge"
+        self._spawn(
+            "munged",
+            "--foreground",
+            "--force",
+            f"--key-file={key}",
+            f"--socket={munge / 'munge.socket'}",
+            f"--pid-file={munge / 'munged.pid'}",
+            f"--log-file={munge / 'munged.log'}",
+            f"--seed-file={munge / 'munged.seed'}",
+        )
+        self._wait_for(lambda: (munge / "munge.socket").exists(), "munged socket")
+        self._spawn("slurmctld", "-D", "-i", "-f", str(self.conf))
+        self._spawn("slurmd", "-D", "-f", str(self.conf))
+        self._wait_for(self._node_idle, "the node to become idle")
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def _spawn(self, *argv: str) -> None:
+        log = open(self.root / "log" / f"{argv[0]}.stderr", "wb")  # noqa: SIM115 (daemon's lifetime)
+        self.procs.append(subprocess.Popen(argv, stdout=log, stderr=log))
+
+    def _node_idle(self) -> bool:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True)
+        return out.returncode == 0 and out.stdout.strip() == "idle"
+
+    def _wait_for(self, ready, what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = [p.args[0] for p in self.procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{', '.join(dead)} exited; see {self.root / 'log'}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out waiting for {what}; see {self.root / 'log'}")
+
+    # ----------------------------------------------------------------- queries
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job`` as a mapping (JobState, Restarts, ExitCode, ...)."""
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True
+        )
+        fields: dict[str, str] = {}
+        for word in out.stdout.split():
+            if "=" in word:
+                k, v = word.split("=", 1)
+                fields.setdefault(k, v)
+        return fields
+
+    def job_ids_named(self, name: str) -> list[str]:
+        """Every job of that name SLURM knows of, running, pending or finished."""
+        out = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-n", name, "-o", "%i"], capture_output=True, text=True
+        )
+        return sorted(out.stdout.split())
+
+    def completions(self, name: str) -> list[dict[str, str]]:
+        """The job-completion log's records for jobs of that name (one per run that ended,
+        requeues included)."""
+        path = self.root / "jobcomp.log"
+        if not path.exists():
+            return []
+        records = []
+        for line in path.read_text().splitlines():
+            rec = dict(w.split("=", 1) for w in line.split() if "=" in w)
+            if rec.get("Name") == name:
+                records.append(rec)
+        return records
+
+    def signal_batch(self, job_id: str, sig: str = "USR1") -> None:
+        subprocess.run(["scancel", f"--signal={sig}", "--batch", str(job_id)], check=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    reason = _missing()
+    if reason is not None:
+        if os.environ.get("PT_REQUIRE_SLURM") == "1":
+            pytest.fail(f"PT_REQUIRE_SLURM=1 but {reason}")
+        pytest.skip(reason)
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    old_conf = os.environ.get("SLURM_CONF")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        if old_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old_conf

@@ -1,0 +1,181 @@
+"""The job mechanics on a real local SLURM, with a stand-in stage that counts steps
+(tests/standin.py): requeue on the early signal keeps one job id, real failures are
+retried up to max_failures, a success resets the count, a cancel is not requeued."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STANDIN = Path(__file__).with_name("standin.py")
+
+
+def write_config(root: Path, name: str, standin: dict, **slurm) -> Path:
+    config = {
+        "run_name": name,
+        "output_dir": str(root / "runs"),
+        "standin": standin,
+        "slurm": {
+            "job_name": name,
+            "command": f"{sys.executable} {STANDIN} {{config}}",
+            "launcher": "none",
+            **slurm,
+        },
+    }
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def submit(cli, config: Path, *overrides: str) -> dict:
+    proc = cli("pt-slurm", "submit", config, *overrides)
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout  # stdout carries the manifest only
+    return json.loads(lines[0])
+
+
+def state(run_dir) -> dict:
+    return json.loads((Path(run_dir) / "slurm" / "state.json").read_text())
+
+
+def wait_until(predicate, what: str, timeout: float = 180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_final(cluster, job_id: str, run_dir, timeout: float = 180) -> dict:
+    """Wait until SLURM has finished with the job and the state file says it is over."""
+
+    def over():
+        st = state(run_dir)
+        job = cluster.job(job_id)
+        finished = job.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+        return (
+            st
+            if finished and st["status"] in ("completed", "failed", "stopped", "cancelled")
+            else None
+        )
+
+    return wait_until(over, f"job {job_id} to finish", timeout)
+
+
+def steps_done(run_dir) -> list[int]:
+    path = Path(run_dir) / "steps.log"
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def test_early_signal_checkpoints_requeues_and_resumes_as_one_job(slurm_cluster, tmp_path, cli):
+    steps = 40
+    config = write_config(tmp_path, "sig", {"steps": steps, "step_seconds": 0.25})
+    manifest = submit(cli, config)
+    job_id, run_dir = manifest["job_id"], manifest["path"]
+    assert manifest["kind"] == "job" and Path(run_dir) == tmp_path / "runs" / "sig"
+
+    wait_until(lambda: len(steps_done(run_dir)) >= 3, "the stand-in to make progress")
+    slurm_cluster.signal_batch(job_id, "USR1")  # what --signal=B:USR1@N does before the wall time
+    st = wait_final(slurm_cluster, job_id, run_dir)
+
+    # Resumed from its checkpoint: every step done exactly once, in order, to the end.
+    assert steps_done(run_dir) == list(range(1, steps + 1))
+    assert st["status"] == "completed" and st["requeues"] == 1 and st["failures"] == 0
+    assert st["job_ids"] == [job_id]
+    assert [r["outcome"] for r in st["runs"]] == ["requeue", "done"]
+    assert st["runs"][0]["signals"] == ["USR1"] and st["runs"][0]["exit_code"] == 85
+    assert [r["restart"] for r in st["runs"]] == [0, 1]
+    # One job throughout: SLURM knows a single job of this name, requeued once.
+    assert slurm_cluster.job_ids_named("sig") == [job_id]
+    assert {r["JobId"] for r in slurm_cluster.completions("sig")} == {job_id}
+    job = slurm_cluster.job(job_id)
+    assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1"
+    # Both runs appended to the one log of the job.
+    out = (Path(run_dir) / "slurm" / f"slurm-{job_id}.out").read_text()
+    assert "start restart=0" in out and "start restart=1" in out
+
+
+def test_failures_are_retried_up_to_max_failures_then_the_job_stops(slurm_cluster, tmp_path, cli):
+    config = write_config(tmp_path, "fail", {"steps": 3, "fail_first": 99}, max_failures=3)
+    manifest = submit(cli, config)
+    job_id, run_dir = manifest["job_id"], manifest["path"]
+    st = wait_final(slurm_cluster, job_id, run_dir)
+
+    assert st["status"] == "failed" and st["failures"] == 3 and st["requeues"] == 0
+    assert [r["exit_code"] for r in st["runs"]] == [3, 3, 3]
+    assert [r["outcome"] for r in st["runs"]] == ["requeue", "requeue", "stop"]
+    assert (Path(run_dir) / "starts").read_text() == "3"  # tried 3 times, not once more
+    job = slurm_cluster.job(job_id)
+    assert job["JobState"] == "FAILED" and job["Restarts"] == "2"
+    assert job["ExitCode"] == "3:0"  # the stage's own exit code, for sacct and the user
+    assert slurm_cluster.job_ids_named("fail") == [job_id]
+
+    status = json.loads(cli("pt-slurm", "status", run_dir).stdout)
+    assert status["status"] == "failed" and status["failures"] == 3
+
+
+def test_a_success_resets_the_failure_count(slurm_cluster, tmp_path, cli):
+    config = write_config(tmp_path, "flaky", {"steps": 3, "fail_first": 2}, max_failures=3)
+    manifest = submit(cli, config)
+    job_id, run_dir = manifest["job_id"], manifest["path"]
+    st = wait_final(slurm_cluster, job_id, run_dir)
+
+    # Two failures counted (1, then 2 of 3 allowed), then the third start succeeds.
+    assert [r["exit_code"] for r in st["runs"]] == [3, 3, 0]
+    assert st["status"] == "completed" and st["failures"] == 0
+    assert steps_done(run_dir) == [1, 2, 3]
+    assert slurm_cluster.job(job_id)["JobState"] == "COMPLETED"
+
+
+def test_cancel_stops_the_job_without_a_requeue(slurm_cluster, tmp_path, cli):
+    """The stand-in saves and exits 85 on SIGTERM too; a cancel must still not requeue."""
+    config = write_config(tmp_path, "cancel", {"steps": 400, "step_seconds": 0.25})
+    manifest = submit(cli, config)
+    job_id, run_dir = manifest["job_id"], manifest["path"]
+    wait_until(lambda: len(steps_done(run_dir)) >= 2, "the stand-in to make progress")
+
+    out = json.loads(cli("pt-slurm", "cancel", run_dir).stdout)
+    assert out["status"] == "cancelled" and out["job_id"] == job_id
+    st = wait_final(slurm_cluster, job_id, run_dir)
+
+    assert st["status"] == "cancelled" and st["requeues"] == 0
+    assert len(st["runs"]) == 1 and st["runs"][0]["outcome"] == "stop"
+    assert slurm_cluster.job(job_id)["JobState"] == "CANCELLED"
+    assert slurm_cluster.job(job_id)["Restarts"] == "0"
+
+
+def test_wall_time_signal_requeues_before_the_limit(slurm_cluster, tmp_path, cli):
+    """The real path: SLURM itself sends SIGUSR1 signal_seconds before --time runs out.
+    (SLURM checks limits about every 30 s, so the run is given a 2-minute limit and
+    the signal 100 s before it.)"""
+    config = write_config(
+        tmp_path,
+        "walltime",
+        {"steps": 2000, "step_seconds": 0.25},
+        time="2",
+        signal_seconds=100,
+        max_failures=1,
+    )
+    manifest = submit(cli, config)
+    job_id, run_dir = manifest["job_id"], manifest["path"]
+    st = wait_until(
+        lambda: (s := state(run_dir))["requeues"] >= 1 and s["status"] == "running" and s,
+        "the job to be signalled and started again",
+        timeout=150,
+    )
+    assert st["runs"][0]["signals"] == ["USR1"] and st["runs"][0]["outcome"] == "requeue"
+    assert st["job_ids"] == [job_id] and st["failures"] == 0
+    done = steps_done(run_dir)
+    assert done == list(range(1, len(done) + 1))  # resumed after the checkpoint, no step twice
+    cli("pt-slurm", "cancel", run_dir)
+    wait_final(slurm_cluster, job_id, run_dir)
+    assert slurm_cluster.job_ids_named("walltime") == [job_id]
