@@ -1,16 +1,136 @@
 """`pt-rollout`: Generate rollouts and score them with a teacher (vLLM or HF).
 
+    pt-rollout generate --model ckpt/ --prompts prompts.jsonl --n 8 --out rollouts.jsonl
+    pt-rollout score --teacher big/ --rollouts - --top-k 8 --out scores.jsonl
+
 This module only parses arguments and calls library functions.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import typer
+
 from pt_core.cli import make_app, make_main
+from pt_core.manifest import emit_manifest
 from pt_rollout import __version__
 
 app = make_app(
     "pt-rollout", "Generate rollouts and score them with a teacher (vLLM or HF).", __version__
 )
+
+ENGINE_HELP = "vllm, hf, or auto (vLLM when installed and a device fits, else HF)."
+
+
+@app.command("generate")
+def generate_cmd(
+    model: str = typer.Option(..., "--model", "-m", help="Model directory (or hub name)."),
+    prompts: str = typer.Option(
+        ..., "--prompts", "-p", help="Prompt rows: .jsonl/.parquet, a pt-data dataset dir, or -."
+    ),
+    out: Path = typer.Option(
+        Path("rollouts.jsonl"),
+        "--out",
+        "-o",
+        help="Output .jsonl or .parquet (resumed if present).",
+    ),
+    n: int = typer.Option(8, "--n", help="Samples per prompt."),
+    temperature: float = typer.Option(1.0, "--temperature", help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    max_tokens: int = typer.Option(1024, "--max-tokens", help="New tokens per completion."),
+    stop: list[str] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed; each (id, sample) derives its own."),
+    logprobs: bool = typer.Option(
+        False, "--logprobs", help="Add completion_logprobs: each sampled token's log-prob."
+    ),
+    engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
+    no_template: bool = typer.Option(
+        False, "--no-template", help="Send string prompts as raw text, without the chat template."
+    ),
+    system: str = typer.Option(None, "--system", help="System prompt for every row."),
+    split: str = typer.Option(
+        None, "--split", help="Split of a dataset dir (default: test if present, else train)."
+    ),
+    prompt_key: str = typer.Option(
+        None, "--prompt-key", help="Prompt column (default: prompt, problem, question, messages)."
+    ),
+    id_key: str = typer.Option("id", "--id-key", help="Id column (default: row position)."),
+    batch_size: int = typer.Option(
+        256, "--batch-size", help="Completions per engine call; a crash loses at most one batch."
+    ),
+    dtype: str = typer.Option(
+        "auto", "--dtype", help="auto (the checkpoint's), float32, bfloat16."
+    ),
+    tensor_parallel: int = typer.Option(1, "--tensor-parallel", help="GPUs per engine (vLLM)."),
+    data_parallel: int = typer.Option(
+        1, "--data-parallel", help="Engines, one per GPU group, each on a shard of the prompts."
+    ),
+    gpu_memory_utilization: float = typer.Option(
+        None, "--gpu-memory-utilization", help="vLLM's memory share (default 0.9 GPU, 0.2 CPU)."
+    ),
+    max_model_len: int = typer.Option(None, "--max-model-len", help="vLLM context length cap."),
+) -> None:
+    """Generate n completions per prompt: one rollouts row per (id, sample)."""
+    from pt_rollout.generate import GenerateOptions, generate
+
+    options = GenerateOptions(
+        n=n,
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=max_tokens,
+        stop=list(stop or []),
+        seed=seed,
+        logprobs=logprobs,
+        engine=engine,
+        template=not no_template,
+        system=system,
+        split=split,
+        prompt_key=prompt_key,
+        id_key=id_key,
+        batch_size=batch_size,
+        dtype=dtype,
+        tensor_parallel=tensor_parallel,
+        data_parallel=data_parallel,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+    )
+    summary = generate(model, prompts, out, options)
+    emit_manifest("rollouts", out, **summary)
+
+
+@app.command("score")
+def score_cmd(
+    teacher: str = typer.Option(..., "--teacher", "-t", help="Teacher model directory."),
+    rollouts: str = typer.Option(..., "--rollouts", "-r", help="Rollout rows, or - to pipe."),
+    out: Path = typer.Option(
+        Path("scores.jsonl"), "--out", "-o", help="Output .jsonl or .parquet (resumed if present)."
+    ),
+    top_k: int = typer.Option(0, "--top-k", help="Also keep the teacher's top-k tokens."),
+    engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
+    batch_size: int = typer.Option(256, "--batch-size", help="Rows per engine call."),
+    dtype: str = typer.Option("auto", "--dtype"),
+    tensor_parallel: int = typer.Option(1, "--tensor-parallel", help="GPUs per engine (vLLM)."),
+    gpu_memory_utilization: float = typer.Option(None, "--gpu-memory-utilization"),
+    max_model_len: int = typer.Option(None, "--max-model-len"),
+) -> None:
+    """Add the teacher's log-prob of every completion token (and its top-k) to each rollout."""
+    from pt_rollout.score import score
+
+    summary = score(
+        teacher,
+        rollouts,
+        out,
+        top_k=top_k,
+        engine=engine,
+        batch_size=batch_size,
+        dtype=dtype,
+        tensor_parallel=tensor_parallel,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+    )
+    emit_manifest("scores", out, **summary)
+
 
 main = make_main(app)
 

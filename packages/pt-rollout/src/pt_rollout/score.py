@@ -1,0 +1,113 @@
+"""`pt-rollout score`: a teacher's log-probs of every completion token (on-policy distillation).
+
+    score("teacher/", "rollouts.jsonl", "scores.jsonl", top_k=8)
+
+Adds ``teacher_token_logprobs`` (one per completion token) and, with ``top_k``,
+``teacher_topk_ids`` / ``teacher_topk_logprobs`` (k per completion token, most likely
+first) to each rollout row. Row j of each list is the teacher's distribution that predicts
+completion token j, i.e. given the prompt and completion[:j]. The teacher must share the
+student's tokenizer: scoring works on the rollout's token ids.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pt_core.errors import ConfigError, InputError
+from pt_core.files import iter_rows, require_columns
+from pt_core.log import get_logger
+from pt_rollout.output import ResumableOutput, row_key
+from pt_rollout.throughput import Throughput
+
+log = get_logger(__name__)
+
+NEEDED = ("id", "sample", "prompt_token_ids", "completion_token_ids")
+
+
+def score(
+    teacher: str | os.PathLike,
+    rollouts: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    top_k: int = 0,
+    engine: str = "auto",
+    batch_size: int = 256,
+    dtype: str = "auto",
+    tensor_parallel: int = 1,
+    gpu_memory_utilization: float | None = None,
+    max_model_len: int | None = None,
+) -> dict:
+    """Score every rollout row in ``rollouts`` with ``teacher`` into ``out`` (resumable).
+    Returns the manifest fields."""
+    from pt_core.manifest import resolve_input
+    from pt_rollout.engines import load_engine
+
+    if top_k < 0:
+        raise ConfigError(f"--top-k must be >= 0, got {top_k}")
+    teacher = str(teacher)
+    started = time.perf_counter()
+    path, _ = resolve_input(rollouts, expected=("rollouts", "scores", "grades"))
+    rows = list(iter_rows(path))
+    if not rows:
+        raise InputError(f"{path}: no rollout rows")
+    for index, row in enumerate(rows):
+        require_columns(row, NEEDED, f"{path} row {index + 1}")
+    output = ResumableOutput(out)
+    pending = [r for r in rows if row_key(r["id"], r["sample"]) not in output.done]
+    log.info(
+        "%d rollouts from %s: %d to score, %d already in %s",
+        len(rows),
+        path,
+        len(pending),
+        output.resumed,
+        output.path,
+    )
+    meter = Throughput("score", total=len(rows), done=output.resumed, unit="rows")
+    engine_name = engine
+    if pending:
+        with (
+            load_engine(
+                engine,
+                teacher,
+                dtype=dtype,
+                tensor_parallel_size=tensor_parallel,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len,
+                max_logprobs=max(20, top_k),
+            ) as scorer,
+            meter,
+        ):
+            engine_name = scorer.name
+            for start in range(0, len(pending), batch_size):
+                batch = pending[start : start + batch_size]
+                scores = scorer.score(
+                    [r["prompt_token_ids"] for r in batch],
+                    [r["completion_token_ids"] for r in batch],
+                    top_k=top_k,
+                )
+                scored = []
+                for row, s in zip(batch, scores, strict=True):
+                    row = {**row, "teacher_token_logprobs": s.token_logprobs}
+                    if top_k:
+                        row["teacher_topk_ids"] = s.topk_ids
+                        row["teacher_topk_logprobs"] = s.topk_logprobs
+                    scored.append(row)
+                output.write(scored)
+                meter.advance(len(scored), sum(len(r["completion_token_ids"]) for r in batch))
+    position = {row_key(r["id"], r["sample"]): i for i, r in enumerate(rows)}
+    total = output.finalize(
+        order=lambda r: (position.get(row_key(r["id"], r["sample"]), len(rows)),)
+    )
+    return {
+        "rows": total,
+        "scored": meter.rows,
+        "completion_tokens": meter.tokens,
+        "resumed": output.resumed,
+        "top_k": top_k,
+        "engine": engine_name,
+        "teacher": teacher,
+        "rollouts_path": str(path),
+        "seconds": round(time.perf_counter() - started, 3),
+        "tokens_per_s": round(meter.tokens_per_s, 1),
+    }
