@@ -51,3 +51,12 @@ def test_light_tools_install_without_torch(tmp_path, package):
         assert f"\n{heavy} " not in listed, f"{package} pulled {heavy}"
     tool = venv / "bin" / package
     assert subprocess.run([str(tool), "--help"], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_usage_errors_are_one_message_not_a_traceback(cli, tool):
+    proc = cli(tool, "no-such-command", "--no-such-option", check=False)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "No such command" in proc.stderr
+    assert proc.stdout == ""
