@@ -99,9 +99,12 @@ def test_early_signal_checkpoints_requeues_and_resumes_as_one_job(slurm_cluster,
     assert {r["JobId"] for r in slurm_cluster.completions("sig")} == {job_id}
     job = slurm_cluster.job(job_id)
     assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1"
-    # Both runs appended to the one log of the job.
-    out = (Path(run_dir) / "slurm" / f"slurm-{job_id}.out").read_text()
-    assert "start restart=0" in out and "start restart=1" in out
+    # Both runs appended to the one log of the job; `pt-slurm logs` shows it (stdout log on
+    # stdout, stderr log on stderr).
+    logs = cli("pt-slurm", "logs", run_dir)
+    assert logs.stdout == (Path(run_dir) / "slurm" / f"slurm-{job_id}.out").read_text()
+    assert "start restart=0" in logs.stdout and "start restart=1" in logs.stdout
+    assert f"job {job_id} got SIGUSR1" in logs.stderr
 
 
 def test_failures_are_retried_up_to_max_failures_then_the_job_stops(slurm_cluster, tmp_path, cli):

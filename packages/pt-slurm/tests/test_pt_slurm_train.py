@@ -1,0 +1,175 @@
+"""`pt-slurm submit` of a real (tiny, CPU) pt-train run on the local SLURM, launched by
+torchrun: it completes and leaves a full run dir; signalled mid-run it checkpoints,
+requeues under the same job id, resumes and ends with the weights of an unsignalled run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("pt_train.trainer", reason="needs pt-train")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STEPS = 40
+PT_SLURM = os.path.join(os.path.dirname(sys.executable), "pt-slurm")
+
+
+def _rows(n=40, vocab=300):
+    """Deterministic tokenized rows (a linear congruential sequence, no RNG state)."""
+    rows, x = [], 12345
+    for i in range(n):
+        x = (1103515245 * x + 12345) % 2**31
+        length = 10 + x % 38
+        ids = [5 + (x * (j + 7) + i) % (vocab - 5) for j in range(length)]
+        rows.append({"input_ids": ids, "labels": ids})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
+    """An unsignalled run and one signalled mid-run, submitted together."""
+    root = tmp_path_factory.mktemp("pt-slurm-train")
+    with open(root / "rows.jsonl", "w") as fh:
+        for row in _rows():
+            fh.write(json.dumps(row) + "\n")
+    config = {
+        "run_name": "reference",
+        "output_dir": str(root / "runs"),
+        "model": {
+            "init": {
+                "tokenizer": str(tiny_tokenizer_dir),
+                "hidden_size": 128,
+                "num_layers": 2,
+                "num_heads": 2,
+            }
+        },
+        "data": {"path": str(root / "rows.jsonl")},
+        "training": {
+            "learning_rate": 2e-3,
+            "global_batch_size": 4,
+            "micro_batch_size": 2,
+            "max_steps": STEPS,
+            "save_steps": 10,
+        },
+        "slurm": {
+            "launcher": "torchrun",
+            "signal_seconds": 60,
+            "env": {"OMP_NUM_THREADS": 1, "DS_ACCELERATOR": "cpu"},
+        },
+    }
+    path = root / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    jobs = {}
+    for name in ("reference", "signalled"):
+        proc = subprocess.run(
+            [PT_SLURM, "submit", path, f"run_name={name}", f"slurm.job_name=pt-{name}"],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stderr
+        jobs[name] = json.loads(proc.stdout)
+
+    signalled = Path(jobs["signalled"]["path"])
+    _wait(lambda: len(_metrics(signalled)) >= 5, "the signalled run to train a few steps")
+    slurm_cluster.signal_batch(jobs["signalled"]["job_id"], "USR1")
+    for manifest in jobs.values():
+        _wait(lambda m=manifest: _final(slurm_cluster, m), f"job {manifest['job_id']} to end")
+    return jobs
+
+
+def _wait(predicate, what, timeout=360):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _final(cluster, manifest) -> bool:
+    st = json.loads((Path(manifest["path"]) / "slurm" / "state.json").read_text())
+    job = cluster.job(manifest["job_id"])
+    return st["status"] in ("completed", "failed", "stopped") and job.get("JobState") in (
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+    )
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def _state(run_dir: Path) -> dict:
+    return json.loads((run_dir / "slurm" / "state.json").read_text())
+
+
+def _weights(run_dir: Path) -> dict:
+    return safetensors_numpy.load_file(
+        run_dir / "inference" / f"step-{STEPS}" / "model.safetensors"
+    )
+
+
+def test_submitted_run_completes_with_config_script_logs_and_inference_checkpoint(
+    runs, slurm_cluster
+):
+    run_dir, job_id = Path(runs["reference"]["path"]), runs["reference"]["job_id"]
+    st = _state(run_dir)
+    assert st["status"] == "completed" and st["requeues"] == 0 and st["failures"] == 0
+    assert slurm_cluster.job(job_id)["JobState"] == "COMPLETED"
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["run_name"] == "reference"
+    assert (run_dir / "slurm" / "job.sh").read_text().startswith("#!/bin/bash")
+    out = (run_dir / "slurm" / f"slurm-{job_id}.out").read_text()
+    assert (run_dir / "slurm" / f"slurm-{job_id}.err").exists()
+    # pt-train's manifest, printed by rank 0 under torchrun, is in the job's stdout log.
+    manifest = json.loads(next(x for x in out.splitlines() if x.startswith('{"kind"')))
+    assert manifest["kind"] == "checkpoint" and manifest["step"] == STEPS
+    inference = run_dir / "inference" / f"step-{STEPS}"
+    assert Path(manifest["path"]) == inference.resolve()
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert (inference / name).exists(), name
+    assert [m["step"] for m in _metrics(run_dir)] == list(range(1, STEPS + 1))
+    status = subprocess.run([PT_SLURM, "status", run_dir], capture_output=True, text=True)
+    info = json.loads(status.stdout)
+    assert info["status"] == "completed" and info["last_metrics"]["step"] == STEPS
+
+
+def test_signalled_run_requeues_once_resumes_and_ends_with_the_reference_weights(
+    runs, slurm_cluster
+):
+    run_dir, job_id = Path(runs["signalled"]["path"]), runs["signalled"]["job_id"]
+    st = _state(run_dir)
+    assert st["status"] == "completed" and st["requeues"] == 1 and st["failures"] == 0
+    assert st["job_ids"] == [job_id]
+    assert [r["outcome"] for r in st["runs"]] == ["requeue", "done"]
+    assert st["runs"][0]["signals"] == ["USR1"]
+    # One job throughout: the same id ran twice, and SLURM knows no other job of the run.
+    job = slurm_cluster.job(job_id)
+    assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1"
+    assert slurm_cluster.job_ids_named("pt-signalled") == [job_id]
+    assert {r["JobId"] for r in slurm_cluster.completions("pt-signalled")} == {job_id}
+
+    err = (run_dir / "slurm" / f"slurm-{job_id}.err").read_text()
+    stopped = re.search(r"stopped by signal \S+ at step (\d+)", " ".join(err.split()))
+    assert stopped, "pt-train did not report stopping on the signal"
+    assert 0 < int(stopped.group(1)) < STEPS, "the signal should land mid-run"
+    assert "resuming" in err
+
+    ref, got = _weights(Path(runs["reference"]["path"])), _weights(run_dir)
+    assert ref.keys() == got.keys()
+    assert all((ref[k] == got[k]).all() for k in ref), "weights differ from the unsignalled run"
+    assert [m["loss"] for m in _metrics(run_dir)] == [
+        m["loss"] for m in _metrics(Path(runs["reference"]["path"]))
+    ]
