@@ -121,3 +121,23 @@ def test_packed_rows_restart_positions_and_decode_to_the_original_conversations(
 def test_packing_never_splits_a_sequence():
     with pytest.raises(InputError, match="never splits"):
         pack_examples([{"input_ids": [1] * 9, "labels": [1] * 9}], max_seq_length=8)
+
+
+@pytest.mark.parametrize("template", [None, "doubled"])
+def test_the_flat_fast_path_gives_the_same_ids_and_labels(tiny_tokenizer, template):
+    from pt_data.tokenize import ConversationTokenizer
+
+    if template == "doubled":  # the fast path must also repair a double BOS
+        template = "{{ bos_token }}" + tiny_tokenizer.chat_template
+    ct = ConversationTokenizer(tiny_tokenizer, chat_template=template)
+    convos = [
+        CONVO,
+        CONVO[:3],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+    ]
+    batch = ct.encode_flat(convos)
+    expected = [tokenize_conversation(tiny_tokenizer, c) for c in convos]
+    for k, e in enumerate(expected):
+        a, b = batch.offsets[k], batch.offsets[k + 1]
+        assert batch.ids[a:b].tolist() == e["input_ids"]
+        assert batch.labels[a:b].tolist() == e["labels"]

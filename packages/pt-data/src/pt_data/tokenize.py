@@ -148,6 +148,46 @@ class ConversationTokenizer:
     def encode(self, messages: list[dict]) -> tuple[list, list]:
         return self.encode_many([messages])[0]
 
+    def encode_flat(self, conversations: Sequence[list[dict]]) -> EncodedBatch:
+        """Like :meth:`encode_many`, straight into flat int32 arrays (the fast path that
+        ``pt-data build`` takes: no per-token Python lists for the labels)."""
+        import numpy as np
+
+        if self.backend is None:
+            return EncodedBatch.from_lists(self.encode_many(conversations))
+        rendered = [self.render_with_spans(m) for m in conversations]
+        encodings = self.backend.encode_batch([t for t, _ in rendered], add_special_tokens=False)
+        lengths = [len(e) for e in encodings]
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int32, total)
+        labels = np.full(total, IGNORE_INDEX, dtype=np.int32)
+        for base, enc, (_, spans) in zip(offsets.tolist(), encodings, rendered, strict=False):
+            for start, end in spans:
+                a = _token_at(enc, start, end, forward=True)
+                b = _token_at(enc, end - 1, start - 1, forward=False)
+                if a is not None and b is not None:
+                    labels[base + a : base + b + 1] = ids[base + a : base + b + 1]
+        batch = EncodedBatch(ids, labels, offsets)
+        if self.bos_id is not None and len(batch):
+            starts = offsets[:-1]
+            first = np.where(
+                np.asarray(lengths) > 0, ids[np.minimum(starts, max(total - 1, 0))], -1
+            )
+            second = np.where(
+                np.asarray(lengths) > 1, ids[np.minimum(starts + 1, max(total - 1, 0))], -1
+            )
+            doubled = (first == self.bos_id) & (second == self.bos_id)
+            missing = (first != self.bos_id) & self.adds_bos
+            if doubled.any() or missing.any():  # rare: fix those rows one by one
+                pairs = [
+                    self._one_bos(ids[a:b].tolist(), labels[a:b].tolist())
+                    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)
+                ]
+                batch = EncodedBatch.from_lists(pairs)
+        return batch
+
     def _mask(self, enc, spans: list[tuple[int, int]]) -> tuple[list, list]:
         ids = enc.ids
         labels = [IGNORE_INDEX] * len(ids)
@@ -340,7 +380,7 @@ def _encode_chunk(chunk: list[list[dict]]) -> EncodedBatch | tuple[int, str, str
 def _encode_flat(ct: ConversationTokenizer, chunk: list[list[dict]]):
     # Errors travel back as data: the pickled exception would lose its hint.
     try:
-        return EncodedBatch.from_lists(ct.encode_many(chunk))
+        return ct.encode_flat(chunk)
     except InputError:
         for i, messages in enumerate(chunk):
             try:
