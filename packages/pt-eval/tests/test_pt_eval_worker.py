@@ -1,0 +1,91 @@
+"""The worker pool: every item is graded under a hard time limit in a subprocess that is
+killed and replaced when it overruns; adversarial predictions come back as timeout or
+error, never as a crash, a hang, or executed code."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from pt_eval.worker import GradingPool
+
+SLOW = "\\boxed{e^{e^{e^{e^{e}}}}}"  # e^(e^(3.8 million)): sympy's evalf never finishes
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with GradingPool(workers=2, timeout=1.5) as pool:
+        yield pool
+
+
+def test_adversarial_predictions(pool, tmp_path):
+    marker = tmp_path / "x"
+    items = [
+        (f"\\boxed{{__import__('os').system('touch {marker}')}}", "1"),
+        (f"\\boxed{{exec(\"open('{marker}','w')\")}}", "1"),
+        ("\\boxed{9^{9^{9^{9}}}}", "1"),
+        ("\\boxed{" + "{" * 10_000 + "1" + "}" * 10_000 + "}", "1"),
+        ("\\boxed{" + "(" * 10_000 + "1" + ")" * 10_000 + "}", "1"),
+        ("x" * 5_000_000 + " \\boxed{1+1+1}", "3"),
+        ("\\boxed{" + "1+" * 2_500_000 + "1}", "3"),
+        ("9" * 10_000_000, "9"),
+        ("\\boxed{" + "9" * 10_000 + "}", "9"),
+        (SLOW, "1"),
+        ("\\boxed{2}", "2"),
+    ]
+    results = pool.grade(items)
+    statuses = [r["status"] for r in results]
+    # code-shaped answers are parsed as products of symbols, compared, and found wrong
+    assert statuses[:2] == ["ok", "ok"] and not any(r["correct"] for r in results[:2])
+    assert not marker.exists()
+    assert statuses[2] == "error"  # a power tower is refused, not computed
+    assert statuses[3] == "error" and statuses[4] == "error"  # nesting past the depth limit
+    assert results[5]["status"] == "error"  # a 5 MB response is past the length limit
+    assert results[6]["status"] == "error"
+    assert statuses[7] == "error"  # a 10^7-digit number
+    assert statuses[8] == "error"  # a 10^4-digit literal is past the literal limit
+    assert statuses[9] == "timeout"
+    assert results[10] == {**results[10], "status": "ok", "correct": True}
+
+
+def test_an_overrunning_item_kills_its_worker_and_the_rest_go_on(pool):
+    restarts = pool.restarts
+    items = [(SLOW, "1"), ("\\boxed{1}", "1"), (SLOW, "2"), ("\\boxed{\\frac12}", "0.5")] * 2
+    results = pool.grade(items)
+    assert [r["status"] for r in results] == ["timeout", "ok"] * 4
+    assert [r["correct"] for r in results] == [False, True] * 4
+    assert pool.restarts - restarts == 4  # one fresh worker per timed-out item
+
+
+def test_grading_works_from_another_thread(pool):
+    out = {}
+
+    def work():
+        out["results"] = pool.grade([(SLOW, "1"), ("\\boxed{3}", "3")])
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert [r["status"] for r in out["results"]] == ["timeout", "ok"]
+
+
+def test_a_worker_that_dies_is_replaced(pool):
+    pool.wait_ready()
+    os.kill(pool.workers[0].pid, signal.SIGKILL)
+    results = pool.grade([(f"\\boxed{{{i}}}", str(i)) for i in range(40)])
+    # at most the one item sent to the dead worker is reported; every other one is graded
+    assert sum(r["status"] == "error" for r in results) <= 1
+    assert sum(r["correct"] for r in results) >= 39
+    pool.wait_ready()
+    assert len(pool.workers) == pool.size  # the dead worker was replaced
+
+
+def test_results_come_back_in_input_order(pool):
+    items = [(f"\\boxed{{{i}}}", str(i if i % 3 else i + 1)) for i in range(200)]
+    results = pool.grade(items)
+    assert [r["extracted"] for r in results] == [str(i) for i in range(200)]
+    assert [r["correct"] for r in results] == [i % 3 != 0 for i in range(200)]
