@@ -323,3 +323,35 @@ def test_hub_dataset_offline_from_the_local_datasets_cache(tmp_path, cli):
     rows = read_rows(split_path(manifest["path"], "train"))
     assert manifest["format"] == "prompts" and rows[0]["answer"] == "2"
     assert pq.ParquetFile(next((tmp_path / "out" / "train").iterdir())).metadata.num_rows == 1
+
+
+def test_an_unknown_transform_option_names_the_accepted_ones(tmp_path):
+    src = write_jsonl(tmp_path / "m.jsonl", [{"problem": "p", "solution": "s"}])
+    cfg = DataConfig.model_validate(
+        {"datasets": [{"source": str(src), "transform": {"name": "math", "instructions": "x"}}]}
+    )
+    with pytest.raises(
+        ConfigError, match="(?s)accepts: instruction, system.*did you mean 'instruction'"
+    ):
+        build(cfg, out_dir=tmp_path / "o")
+
+
+def test_inspect_shows_every_stage(tmp_path, tiny_tokenizer_dir):
+    from pt_data.inspect import inspect_config
+
+    src = write_jsonl(tmp_path / "m.jsonl", [{"problem": "1+1?", "solution": "\\boxed{2}"}])
+    cfg = DataConfig.model_validate(
+        {
+            "datasets": [{"source": str(src), "transform": {"name": "math", "instruction": None}}],
+            "tokenizer": {"name_or_path": str(tiny_tokenizer_dir)},
+        }
+    )
+    (raw,) = inspect_config(cfg, "raw", n=1)
+    (row,) = inspect_config(cfg, "transformed", n=1)
+    (text,) = inspect_config(cfg, "formatted", n=1)
+    (tok,) = inspect_config(cfg, "tokenized", n=1)
+    assert raw["row"] == {"problem": "1+1?", "solution": "\\boxed{2}"}
+    assert row["row"]["answer"] == "2"
+    assert text["text"].endswith("<|im_start|>assistant\n\\boxed{2}<|im_end|>\n")
+    trained = [i for i, label in zip(tok["input_ids"], tok["labels"], strict=True) if label != -100]
+    assert tok["tokenizer"].decode(trained) == "\\boxed{2}<|im_end|>"

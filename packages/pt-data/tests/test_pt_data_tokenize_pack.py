@@ -141,3 +141,20 @@ def test_the_flat_fast_path_gives_the_same_ids_and_labels(tiny_tokenizer, templa
         a, b = batch.offsets[k], batch.offsets[k + 1]
         assert batch.ids[a:b].tolist() == e["input_ids"]
         assert batch.labels[a:b].tolist() == e["labels"]
+
+
+def test_named_and_file_templates(tiny_tokenizer, tmp_path):
+    from pt_core.errors import ConfigError
+    from pt_data.templates import TEMPLATES
+
+    # The registry's chatml renders exactly what the tiny tokenizer's own ChatML renders.
+    own = tokenize_conversation(tiny_tokenizer, CONVO)
+    assert tokenize_conversation(tiny_tokenizer, CONVO, chat_template="chatml") == own
+    jinja = tmp_path / "t.jinja"
+    jinja.write_text(TEMPLATES["plain"])
+    row = tokenize_conversation(tiny_tokenizer, CONVO, chat_template=str(jinja))
+    # The plain template ends each assistant turn with the EOS, which is trained.
+    assert trained_text(tiny_tokenizer, row).endswith("\\boxed{56}<|im_end|>")
+    assert tiny_tokenizer.decode(row["input_ids"]).startswith("<|begin_of_text|>Be brief.")
+    with pytest.raises(ConfigError, match="neither a known template nor a file"):
+        tokenize_conversation(tiny_tokenizer, CONVO, chat_template="chatmll")

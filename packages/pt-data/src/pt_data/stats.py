@@ -105,7 +105,7 @@ def lengths_from_dataset(path: str | Path, split: str = "train") -> dict[str, di
                 rows += 1
                 lengths += row.get("seq_lens") or [len(row["input_ids"])]
                 trained.append(sum(1 for x in row["labels"] if x != -100))
-    return {"all": {"lengths": lengths, "trained": trained, "rows": [rows]}}
+    return {split: {"lengths": lengths, "trained": trained, "rows": [rows]}}
 
 
 def compute_stats(
@@ -117,6 +117,7 @@ def compute_stats(
 ) -> dict[str, Any]:
     """Stats of a config file (YAML) or a built dataset (directory / file)."""
     p = Path(target)
+    built_sources = None
     if p.suffix in (".yaml", ".yml"):
         from pt_data.config import load_data_config
 
@@ -130,6 +131,10 @@ def compute_stats(
         if info_path and info_path.exists():
             info = json.loads(info_path.read_text())
             max_len = info.get("max_seq_length")
+            built_sources = {
+                name: {k: s[k] for k in ("sequences", "tokens", "trained_tokens") if k in s}
+                for name, s in info.get("sources", {}).items()
+            }
     all_lengths = [n for s in per_source.values() for n in s["lengths"]]
     all_trained = [n for s in per_source.values() for n in s["trained"]]
     result: dict[str, Any] = {
@@ -137,11 +142,13 @@ def compute_stats(
         "sources": {k: summarize(v["lengths"], v["trained"]) for k, v in per_source.items()},
         "histogram": histogram(all_lengths),
     }
+    if built_sources:  # packing mixes sources in a row: their totals come from the build
+        result["built_sources"] = built_sources
     if max_len:
         result["max_seq_length"] = max_len
         result["over_max_seq_length"] = sum(1 for n in all_lengths if n > max_len)
     if "rows" in next(iter(per_source.values()), {}):
-        result["rows"] = per_source["all"]["rows"][0]
+        result["rows"] = per_source[split]["rows"][0]
         if max_len and result["rows"]:
             result["packing_efficiency"] = round(sum(all_lengths) / (result["rows"] * max_len), 4)
     result["_lengths"] = all_lengths
@@ -181,9 +188,21 @@ def render_stats(result: dict[str, Any]) -> None:
     table.add_column("source")
     for c in cols:
         table.add_column(c, justify="right")
-    for name, s in [*result["sources"].items(), ("all", result["overall"])]:
+    rows = list(result["sources"].items())
+    if len(rows) > 1:
+        rows.append(("all", result["overall"]))
+    for name, s in rows:
         table.add_row(name, *(str(s.get(c, "")) for c in cols))
     console.print(table)
+    if result.get("built_sources"):
+        built = Table(title="per source, all splits (recorded at build)", title_justify="left")
+        for c in ("source", "sequences", "tokens", "trained_tokens"):
+            built.add_column(c, justify="left" if c == "source" else "right")
+        for name, s in result["built_sources"].items():
+            built.add_row(
+                name, *(str(s.get(c, "")) for c in ("sequences", "tokens", "trained_tokens"))
+            )
+        console.print(built)
     hist = result["histogram"]
     if hist:
         top = max(h["count"] for h in hist) or 1

@@ -404,17 +404,18 @@ class ParallelEncoder:
         self.num_proc = num_proc or default_num_proc()
         self.chunk_size = chunk_size
         self.pool = None
-        if self.num_proc > 1:
-            methods = mp.get_all_start_methods()
-            ctx = mp.get_context("fork" if "fork" in methods else None)
-            self.pool = ctx.Pool(self.num_proc, initializer=_init_worker, initargs=(ct,))
 
     def __call__(self, conversations: Sequence[list[dict]], ids: Sequence[Any] | None = None):
         chunks = [
             conversations[i : i + self.chunk_size]
             for i in range(0, len(conversations), self.chunk_size)
         ]
-        if self.pool is None:
+        if self.pool is None and self.num_proc > 1 and len(chunks) > 1:
+            # Forked on first need: a small dataset is not worth starting processes for.
+            methods = mp.get_all_start_methods()
+            ctx = mp.get_context("fork" if "fork" in methods else None)
+            self.pool = ctx.Pool(self.num_proc, initializer=_init_worker, initargs=(self.ct,))
+        if self.pool is None or len(chunks) <= 1:
             results = [_encode_flat(self.ct, c) for c in chunks]
         else:
             results = self.pool.map(_encode_chunk, chunks, chunksize=1)
