@@ -67,8 +67,10 @@ def main() -> None:
     golds = [row["gt"] for row in rows for _ in row["code"]]
     n = len(items)
 
-    pt_results, pt_warm, pt_cold, workers = run_pt_eval(items, args.workers)
+    # Math-Verify first, so that its cold time includes importing sympy (the pt-eval side
+    # never imports sympy in this process: its fork server does)
     mv_results, mv_warm, mv_cold = run_math_verify(rows)
+    pt_results, pt_warm, pt_cold, workers = run_pt_eval(items, args.workers)
     pt_correct = [bool(r["correct"]) for r in pt_results]
     mv_correct = [r[0] for r in mv_results]
 

@@ -100,3 +100,14 @@ def test_nothing_in_the_parser_evaluates_text(tmp_path):
     ):
         assert answers_match("1", text) is False
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "broken",
+    ["2_6%", "\\frac2.1", "{{", "\\frac{", "(1,2", "\\sqrt", "^", "x^", ",", "\\left(", ")(",
+     "\\begin{pmatrix} 1 & 2 \\\\ 3 \\end{pmatrix}", "1 2", "\\foo{1}", "\\emptyset + 1"],
+)  # fmt: skip
+def test_malformed_answers_are_wrong_not_crashes(broken):
+    # found by fuzzing benchmark golds: every one must come back False, not raise
+    assert answers_match("1", broken) is False
+    assert answers_match(broken, "1") is False

@@ -698,6 +698,8 @@ class _Parser:
 
     def parse_postfix_ops(self, value):
         while True:
+            if isinstance(value, _Marked) and (self.at("op", "!") or self.at("op", "%")):
+                raise ParseError("a mark after a marked number")
             if self.at("op", "!"):
                 self.next()
                 value = self._factorial(value)
@@ -738,9 +740,11 @@ class _Parser:
             return self.parse_group()
         if t.kind == "num":
             self.next()
-            if len(t.value) > 1 and t.value.replace(".", "").isdigit():
+            if len(t.value) > 1 and t.value.isdigit():  # \frac12: one digit per argument
                 self.toks.insert(self.pos, _Token("num", t.value[1:], False))
                 return sympy.Integer(t.value[0])
+            if len(t.value) > 1:
+                raise ParseError(f"ambiguous command argument {t.value!r}")
             return self._number(t.value)
         return self.parse_primary()
 
