@@ -158,3 +158,17 @@ def test_named_and_file_templates(tiny_tokenizer, tmp_path):
     assert tiny_tokenizer.decode(row["input_ids"]).startswith("<|begin_of_text|>Be brief.")
     with pytest.raises(ConfigError, match="neither a known template nor a file"):
         tokenize_conversation(tiny_tokenizer, CONVO, chat_template="chatmll")
+
+
+def test_generation_markers_are_accepted_and_syntax_errors_are_config_errors(tiny_tokenizer):
+    from pt_core.errors import ConfigError
+
+    marked = tiny_tokenizer.chat_template.replace(
+        "{{ '<|im_start|>' + message['role']",
+        "{%- generation -%}{{ '<|im_start|>' + message['role']",
+    ).replace("{% endfor %}", "{%- endgeneration -%}{% endfor %}")
+    assert "generation" in marked
+    own = tokenize_conversation(tiny_tokenizer, CONVO)
+    assert tokenize_conversation(tiny_tokenizer, CONVO, chat_template=marked) == own
+    with pytest.raises(ConfigError, match="line 1"):
+        tokenize_conversation(tiny_tokenizer, CONVO, chat_template="{% for m in messages %}")

@@ -71,21 +71,48 @@ def _raise(message: str):
     raise TemplateError(message)
 
 
+def _generation_extension():
+    """``{% generation %}...{% endgeneration %}`` rendered as its plain body: masks come
+    from incremental rendering here, so templates that carry the markers still work."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class GenerationTag(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_body", [])
+            return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    return GenerationTag
+
+
+def _strftime_now(fmt: str) -> str:
+    from datetime import datetime
+
+    return datetime.now().strftime(fmt)
+
+
 @functools.lru_cache(maxsize=32)
 def compile_template(source: str):
+    """Compile with the settings Hugging Face's ``apply_chat_template`` uses."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=["jinja2.ext.loopcontrols", _generation_extension()],
     )
-    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(
-        x, ensure_ascii=False, indent=indent
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False, **_: (
+        json.dumps(x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
     )
     env.globals["raise_exception"] = _raise
-    # {% generation %} markers are not needed here (masks come from incremental rendering);
-    # strip them so templates that carry them still compile.
-    source = source.replace("{% generation %}", "").replace("{% endgeneration %}", "")
-    source = source.replace("{%- generation -%}", "").replace("{%- endgeneration -%}", "")
+    env.globals["strftime_now"] = _strftime_now
     return env.from_string(source)
 
 
@@ -93,8 +120,17 @@ class Renderer:
     """Renders message lists with one template and one tokenizer's special tokens."""
 
     def __init__(self, tokenizer: Any, chat_template: str | None = None):
+        from jinja2.exceptions import TemplateSyntaxError
+
         self.source = resolve_template(tokenizer, chat_template)
-        self.template = compile_template(self.source)
+        try:
+            self.template = compile_template(self.source)
+        except TemplateSyntaxError as exc:
+            raise ConfigError(
+                f"chat template {chat_template or 'of the tokenizer'}: line {exc.lineno}: "
+                f"{exc.message}",
+                hint="fix the Jinja syntax, or use a named template (chatml)",
+            ) from None
         self.context = {
             "bos_token": getattr(tokenizer, "bos_token", None) or "",
             "eos_token": getattr(tokenizer, "eos_token", None) or "",
