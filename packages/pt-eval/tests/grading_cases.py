@@ -71,6 +71,10 @@ CASES = [
     ("\\frac{1}{8}", "0.13", False, "rounding an exactly representable value is wrong"),
     ("\\frac{2}{3}", "0.6667", True, "four-digit rounding of 2/3"),
     ("\\frac{2}{3}", "0.6666", False, "truncation is not rounding"),
+    ("\\sqrt{2}\\cdot 10^5", "1.41421e5", True, "a rounding written in scientific notation"),
+    ("\\sqrt{2}\\cdot 10^5", "1.41422e5", False, "a wrong rounding in scientific notation"),
+    ("2^{\\sqrt{2}}", "2^{2^{1/2}}", True, "an irrational exponent written two ways"),
+    ("2^{\\sqrt{2}}", "2^{\\sqrt{3}}", False, "a different irrational exponent"),
     # ---------------------------------------------------------------- fractions
     ("\\frac{1}{2}", "1/2", True, "plain slash fraction"),
     ("\\frac{1}{2}", "\\dfrac{1}{2}", True, "dfrac"),

@@ -49,3 +49,13 @@ def test_summary_counts():
     assert s["accuracy"] == 0.5 and s["pass@k"] == {"1": 0.5, "2": 0.5}
     assert s["maj@n"] == 0.5 and s["n"] == 2
     assert (s["timeouts"], s["no_answer"], s["errors"]) == (1, 1, 0)
+
+
+def test_prediction_cells():
+    from pt_eval.grade import prediction_samples
+
+    assert prediction_samples("\\boxed{1}") == (["\\boxed{1}"], False)
+    assert prediction_samples(["a", "b"]) == (["a", "b"], True)  # k samples of one problem
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "\\boxed{2}"}]
+    assert prediction_samples(chat) == (["\\boxed{2}"], False)  # a conversation: its last turn
+    assert prediction_samples({"role": "assistant", "content": "x"}) == (["x"], False)

@@ -89,9 +89,7 @@ def grade_rows(
         for key in (pred_key, gold_key):
             if key not in row:
                 raise InputError(f"{source}: row {number} has no column {key!r}")
-        prediction = row[pred_key]
-        is_list = isinstance(prediction, list | tuple)
-        samples = list(prediction) if is_list else [prediction]
+        samples, is_list = prediction_samples(row[pred_key])
         gold = gold_answer(row[gold_key])
         spans.append((len(items), len(samples), is_list))
         items.extend((sample, gold) for sample in samples)
@@ -139,6 +137,21 @@ def grade_rows(
             key: summarize_groups(list(problems.values()), key) for key in options.group_keys
         }
     return graded, summary
+
+
+def prediction_samples(value) -> tuple[list, bool]:
+    """The responses in one prediction cell, and whether the cell holds several samples.
+
+    A string is one response; a list of strings is k samples; a chat message
+    (``{"role", "content"}``) or a whole conversation counts as its last message.
+    """
+    if isinstance(value, dict):
+        return [value.get("content")], False
+    if isinstance(value, list | tuple):
+        if value and all(isinstance(v, dict) and "role" in v for v in value):
+            return [value[-1].get("content")], False
+        return [v.get("content") if isinstance(v, dict) else v for v in value], True
+    return [value], False
 
 
 def _hashable(value):

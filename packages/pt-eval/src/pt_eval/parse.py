@@ -319,9 +319,9 @@ def _log10_abs(value: sympy.Basic) -> float | None:
 
 
 def _guard_power(base: sympy.Basic, exp: sympy.Basic) -> None:
+    """Refuse an exact power whose result would have more than MAX_RESULT_DIGITS digits.
+    (An irrational exponent stays unevaluated; the worker's time limit bounds the rest.)"""
     if not (isinstance(exp, sympy.Number) and base.is_number):
-        if exp.is_number and isinstance(exp, sympy.Pow) and exp.has(sympy.Pow):
-            raise TooLarge("power tower too large to evaluate")
         return
     if isinstance(base, sympy.Rational):
         size = _log10_abs(base)
@@ -557,9 +557,9 @@ class _Parser:
         places = sig = None
         body = [t for t in toks if not (t.kind == "op" and t.value in "+-") and t.kind != "text"]
         if len(body) == 1 and body[0].kind == "num":
-            mantissa = re.split(r"[eE]", body[0].value)[0]
-            if "." in mantissa:
-                places = len(mantissa.split(".")[1])
+            mantissa, _, exponent = body[0].value.lower().partition("e")
+            if "." in mantissa:  # 1.234e5 is good to the tens: 3 places minus 5
+                places = len(mantissa.split(".")[1]) - int(exponent or 0)
                 sig = len(mantissa.replace(".", "").lstrip("0")) or 1
         return Scalar(expr, decimal_places=places, significant_digits=sig, unit=unit)
 
@@ -725,12 +725,12 @@ class _Parser:
         self.expect("op", "{")
         if self.at("op", "}"):
             raise ParseError("empty group")
-        value = self.parse_additive_or_marked()
+        value = self.parse_plain_additive()
         self.expect("op", "}")
         self.leave()
         return value
 
-    def parse_additive_or_marked(self):
+    def parse_plain_additive(self):
         return _plain(self.parse_additive())
 
     def parse_group_or_atom(self):
@@ -782,14 +782,14 @@ class _Parser:
         if t.kind == "op":
             if t.value == "(" or t.value == "[":
                 self.next()
-                value = self.parse_additive_or_marked()
+                value = self.parse_plain_additive()
                 self.expect("op", ")" if t.value == "(" else "]")
                 return value
             if t.value == "{":
                 return self.parse_group()
             if t.value == "|":
                 self.next()
-                value = self.parse_additive_or_marked()
+                value = self.parse_plain_additive()
                 self.expect("op", "|")
                 return sympy.Abs(value)
             raise ParseError(f"unexpected {t.value!r}")
@@ -919,7 +919,7 @@ class _Parser:
         """``f(x)``, ``f{x}``, or ``f x`` / ``f 2x`` (a product of factors)."""
         if self.at("op", "("):
             self.next()
-            value = self.parse_additive_or_marked()
+            value = self.parse_plain_additive()
             self.expect("op", ")")
             return value
         if self.at("op", "{"):
@@ -962,7 +962,7 @@ class _Parser:
             index = None
             if self.at("op", "["):
                 self.next()
-                index = self.parse_additive_or_marked()
+                index = self.parse_plain_additive()
                 self.expect("op", "]")
             arg = self.parse_group_or_atom()
             if index is None:
@@ -993,11 +993,11 @@ class _Parser:
         if name in _SYMPY_FUNCS or name in ("gcd", "max", "min", "exp", "ln"):
             return self._apply_function(name)
         if name == "lfloor":
-            value = self.parse_additive_or_marked()
+            value = self.parse_plain_additive()
             self.expect("cmd", "rfloor")
             return sympy.floor(value)
         if name == "lceil":
-            value = self.parse_additive_or_marked()
+            value = self.parse_plain_additive()
             self.expect("cmd", "rceil")
             return sympy.ceiling(value)
         if name in ("angle", "triangle"):
