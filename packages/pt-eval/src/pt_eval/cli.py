@@ -32,16 +32,16 @@ def grade(
     pred_key: str = typer.Option(
         None,
         "--pred-key",
-        help="Prediction column [default: completion, prediction, response or code].",
+        help="Prediction column (default: completion, prediction, response or code).",
     ),
     gold_key: str = typer.Option(
-        None, "--gold-key", help="Gold answer column [default: answer, gold, gt or final_answer]."
+        None, "--gold-key", help="Gold answer column (default: answer, gold, gt or final_answer)."
     ),
     id_key: str = typer.Option(
         None,
         "--id-key",
         help="Problem id column; rows sharing an id are samples of one problem "
-        "[default: id, idx, unique_id, problem_id or question_id when present].",
+        "(default: id, idx, unique_id, problem_id or question_id when present).",
     ),
     group_key: list[str] = typer.Option(
         None,
@@ -52,10 +52,10 @@ def grade(
         None,
         "--out",
         "-o",
-        help="Grades file (.jsonl or .parquet) [default: INPUT.grades.jsonl beside the input].",
+        help="Grades file (.jsonl or .parquet) (default: INPUT.grades.jsonl beside the input).",
     ),
     workers: int = typer.Option(
-        None, "--workers", min=1, help="Grading processes [default: min(CPU cores, 4)]."
+        None, "--workers", min=1, help="Grading processes (default: min(CPU cores, 4))."
     ),
     timeout: float = typer.Option(
         DEFAULT_TIMEOUT,
