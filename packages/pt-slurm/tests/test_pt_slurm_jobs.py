@@ -156,6 +156,23 @@ def test_cancel_stops_the_job_without_a_requeue(slurm_cluster, tmp_path, cli):
     assert slurm_cluster.job(job_id)["Restarts"] == "0"
 
 
+def test_a_signal_before_the_step_starts_requeues_without_starting_it(slurm_cluster, tmp_path, cli):
+    """The traps are set first thing: a USR1 while the environment is being set up
+    (here a slow setup line) requeues the job instead of killing the batch shell."""
+    config = write_config(tmp_path, "early", {"steps": 3}, setup=["echo setting-up >&2", "sleep 3"])
+    manifest = submit(cli, config)
+    job_id, run_dir = manifest["job_id"], manifest["path"]
+    err = Path(run_dir) / "slurm" / f"slurm-{job_id}.err"
+    wait_until(lambda: err.exists() and "setting-up" in err.read_text(), "the setup to begin")
+    slurm_cluster.signal_batch(job_id, "USR1")
+    st = wait_final(slurm_cluster, job_id, run_dir)
+
+    assert [r["outcome"] for r in st["runs"]] == ["requeue", "done"]
+    assert st["runs"][0]["exit_code"] == 85 and st["requeues"] == 1
+    assert (Path(run_dir) / "starts").read_text() == "1"  # the stage ran once, after the requeue
+    assert st["status"] == "completed" and slurm_cluster.job(job_id)["Restarts"] == "1"
+
+
 def test_wall_time_signal_requeues_before_the_limit(slurm_cluster, tmp_path, cli):
     """The real path: SLURM itself sends SIGUSR1 signal_seconds before --time runs out.
     (SLURM checks limits about every 30 s, so the run is given a 2-minute limit and

@@ -35,13 +35,7 @@ def sbatch(script: Path) -> str:
 
 def job_state(job_id: str) -> str | None:
     """SLURM's state of the job (PENDING, RUNNING, COMPLETED, ...), or None once forgotten."""
-    proc = _run(["scontrol", "show", "job", "-o", job_id], check=False)
-    if proc.returncode != 0:
-        return None
-    for word in proc.stdout.split():
-        if word.startswith("JobState="):
-            return word.split("=", 1)[1]
-    return None
+    return job_fields(job_id).get("JobState")
 
 
 def job_fields(job_id: str) -> dict[str, str]:
@@ -71,6 +65,10 @@ def is_active(state: str | None) -> bool:
         "STAGE_OUT",
         "SIGNALING",
     }
+
+
+def available() -> bool:
+    return shutil.which("scontrol") is not None
 
 
 def scancel(job_id: str) -> None:

@@ -132,7 +132,7 @@ def status(run_dir: str | Path) -> dict[str, Any]:
     """What the state file, SLURM and the run's last metrics line say about the run."""
     run_dir = Path(run_dir)
     st = state.read_state(run_dir)
-    fields = slurmcli.job_fields(st["job_id"]) if _have_slurm() else {}
+    fields = slurmcli.job_fields(st["job_id"]) if slurmcli.available() else {}
     return {
         "kind": "job",
         "path": run_dir,
@@ -206,9 +206,3 @@ def cancel(run_dir: str | Path) -> dict[str, Any]:
     st = state.mark_cancelled(run_dir)
     slurmcli.scancel(st["job_id"])
     return {"kind": "job", "path": run_dir, "job_id": st["job_id"], "status": "cancelled"}
-
-
-def _have_slurm() -> bool:
-    import shutil
-
-    return shutil.which("scontrol") is not None
