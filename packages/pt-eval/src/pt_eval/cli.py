@@ -101,6 +101,37 @@ def _print_summary(summary: dict) -> None:
         console.print(table)
 
 
+@app.command()
+def run(
+    model: str = typer.Option(..., "--model", "-m", help="Model directory (or hub name)."),
+    benchmark: str = typer.Option(
+        ..., "--benchmark", "-b", help="A benchmark name (math500, aime24, gsm8k, ...) or a file."
+    ),
+    n: int = typer.Option(16, "--n", min=1, help="Samples per problem."),
+    temperature: float = typer.Option(1.0, "--temperature", help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    max_tokens: int = typer.Option(4096, "--max-tokens", help="New tokens per sample."),
+    engine: str = typer.Option("auto", "--engine", help="vllm, hf, or auto."),
+    seed: int = typer.Option(0, "--seed"),
+    limit: int = typer.Option(None, "--limit", min=1, help="Only the first N problems."),
+    out: Path = typer.Option(
+        None, "--out", "-o", help="Output dir (default: eval/<model>/<benchmark>); reruns resume."
+    ),
+    tensor_parallel: int = typer.Option(1, "--tensor-parallel", help="GPUs per engine (vLLM)."),
+    data_parallel: int = typer.Option(1, "--data-parallel", help="Engines, one per GPU group."),
+) -> None:
+    """Generate n samples per benchmark problem with the standard math prompt, then grade."""
+    from pt_eval.run import run_benchmark
+
+    out_path, summary = run_benchmark(
+        model, benchmark, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+        engine=engine, seed=seed, limit=limit, out_dir=out,
+        tensor_parallel=tensor_parallel, data_parallel=data_parallel,
+    )  # fmt: skip
+    _print_summary(summary)
+    emit_manifest("grades", out_path, **summary)
+
+
 main = make_main(app)
 
 if __name__ == "__main__":
