@@ -104,6 +104,7 @@ CASES = [
     ("1\\frac{9}{10}", "\\frac{19}{10}", True, "mixed number to improper fraction"),
     ("2\\frac{\\pi}{3}", "\\frac{2\\pi}{3}", True, "a coefficient before a non-integer fraction multiplies"),
     ("2\\frac{\\pi}{3}", "2+\\frac{\\pi}{3}", False, "only integer fractions make mixed numbers"),
+    ("21/2", "2 1/2", False, "digits apart are not digits together"),
     # ---------------------------------------------------------------- scientific notation
     ("4.5e33", "4.5\\times10^{33}", True, "e-notation against times ten to the"),
     ("4.5e33", "4.5 \\cdot 10^{33}", True, "cdot form"),

@@ -93,7 +93,7 @@ def _key(value) -> str:
 def _squash(text: str) -> str:
     s = clean(text)
     s = re.sub(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}", r"\1", s)
-    return s.replace(" ", "")
+    return re.sub(r"(?<!\d) | (?!\d)", "", s)  # "2 1/2" is not "21/2"
 
 
 def _try_parse(text: str):

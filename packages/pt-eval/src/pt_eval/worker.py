@@ -396,6 +396,7 @@ def fork_server(socket_path: str, memory_mb: int | None) -> None:
     every ``kill PID`` line; on end of input, kill every worker and exit."""
     from pt_eval.item import warm_up
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the pool's to handle: it closes us
     warm_up()  # sympy imports parts of itself lazily on first use; pay that once, here
     children: set[int] = set()
     sys.stdout.write("ready\n")
