@@ -38,6 +38,19 @@ def run_pt_eval(items, workers):
     return results, done - ready, done - start, pool.size
 
 
+def run_pt_eval_uncached(items):
+    """One process, no pool, the (gold, answer) cache cleared before every item: the cost of
+    grading itself, with neither parallelism nor repeated answers helping."""
+    import pt_eval.item as item
+
+    item.warm_up()
+    start = time.perf_counter()
+    for prediction, gold in items:
+        item._cache.clear()
+        item.grade_item(prediction, gold)
+    return time.perf_counter() - start
+
+
 def run_math_verify(rows):
     start = time.perf_counter()
     from math_verify import parse, verify
@@ -71,6 +84,7 @@ def main() -> None:
     # never imports sympy in this process: its fork server does)
     mv_results, mv_warm, mv_cold = run_math_verify(rows)
     pt_results, pt_warm, pt_cold, workers = run_pt_eval(items, args.workers)
+    pt_single = run_pt_eval_uncached(items)
     pt_correct = [bool(r["correct"]) for r in pt_results]
     mv_correct = [r[0] for r in mv_results]
 
@@ -80,8 +94,10 @@ def main() -> None:
           f"cold {n / pt_cold:8.0f}/s ({pt_cold:.2f}s incl. starting workers)")  # fmt: skip
     print(f"math-verify warm {n / mv_warm:8.0f} responses/s ({mv_warm:.2f}s)   "
           f"cold {n / mv_cold:8.0f}/s ({mv_cold:.2f}s incl. import)")  # fmt: skip
+    print(f"pt-eval in one process, no answer cache: {n / pt_single:8.0f} responses/s")
     print(
-        f"ratio pt-eval / math-verify: warm {mv_warm / pt_warm:.2f}x, cold {mv_cold / pt_cold:.2f}x"
+        f"ratio pt-eval / math-verify: warm {mv_warm / pt_warm:.2f}x, cold {mv_cold / pt_cold:.2f}x, "
+        f"one process uncached {mv_warm / pt_single:.2f}x"
     )
     print()
     print(f"accuracy: pt-eval {sum(pt_correct) / n:.4f}, math-verify {sum(mv_correct) / n:.4f}, "
