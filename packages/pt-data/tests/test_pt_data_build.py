@@ -375,3 +375,18 @@ def test_streams_in_chunks_and_shards_without_losing_rows(tmp_path, tiny_tokeniz
     rows = read_rows(split_path(tmp_path / "t", "train"))
     assert sum(len(r["seq_lens"]) for r in rows) == 1000
     assert all(sum(r["seq_lens"]) == len(r["input_ids"]) <= 96 for r in rows)
+
+
+def test_without_packing_each_sequence_is_its_own_row(tmp_path, tiny_tokenizer_dir):
+    src = write_jsonl(tmp_path / "a.jsonl", qa_rows("A", 30))
+    cfg = DataConfig.model_validate(
+        {
+            "datasets": [{"source": str(src), "transform": "alpaca"}],
+            "tokenizer": {"name_or_path": str(tiny_tokenizer_dir), "packing": False},
+        }
+    )
+    fields = build(cfg, out_dir=tmp_path / "o")
+    rows = read_rows(split_path(fields["path"], "train"))
+    assert fields["rows"] == len(rows) == 30
+    assert all(r["seq_lens"] == [len(r["input_ids"])] for r in rows)
+    assert all(r["position_ids"] == list(range(len(r["input_ids"]))) for r in rows)
