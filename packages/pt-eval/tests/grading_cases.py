@@ -367,6 +367,10 @@ CASES = [
     ("x \\le -2", "(-\\infty, -2]", True, "at most"),
     ("2x > 6", "x > 3", True, "an inequality scaled"),
     ("2x > 6", "x < 3", False, "scaling does not flip without a negative factor"),
+    ("x \\in (3, \\infty)", "x > 3", True, "membership against the inequality"),
+    ("k \\ge 2", "k \\in [2, \\infty)", True, "an inequality against membership"),
+    ("x \\in (3, \\infty)", "x \\ge 3", False, "membership against a non-strict inequality"),
+    ("x \\in (3, \\infty)", "y > 3", False, "a different variable"),
     # ---------------------------------------------------------------- words and choices
     ("\\text{Evelyn}", "Evelyn", True, "a name"),
     ("\\text{Evelyn}", "Navin", False, "a different name"),

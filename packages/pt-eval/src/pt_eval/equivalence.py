@@ -281,10 +281,25 @@ def _inequality_interval(rel: Relation) -> Seq | None:
     return Seq((Scalar(lo), Scalar(hi)), "(" if lo_open else "[", ")" if hi_open else "]")
 
 
+def _variable(rel: Relation):
+    """The one variable an inequality or a membership is about, if there is one."""
+    if rel.ops == ("in",) and isinstance(rel.parts[0], Scalar):
+        expr = rel.parts[0].expr
+        return expr if isinstance(expr, sympy.Symbol) else None
+    if all(isinstance(p, Scalar) for p in rel.parts):
+        symbols = set().union(*(p.expr.free_symbols for p in rel.parts))
+        return symbols.pop() if len(symbols) == 1 else None
+    return None
+
+
 def _relations_equal(g: Relation, p: Relation) -> bool:
     g, p = _ascending(g), _ascending(p)
     if g.ops != p.ops:
-        return False
+        # x \in (3, \infty) against x > 3: the same set of one variable, written two ways
+        if _variable(g) is None or _variable(g) != _variable(p):
+            return False
+        g_sets, p_sets = _relation_forms(g), _relation_forms(p)
+        return any(values_equal(a, b) for a in g_sets for b in p_sets)
     if len(g.ops) > 1:
         return all(values_equal(a, b) for a, b in zip(g.parts, p.parts, strict=True))
     op = g.ops[0]
