@@ -292,6 +292,8 @@ CASES = [
     ("1 \\pm \\sqrt{19}", "1+\\sqrt{19}, 1-\\sqrt{19}", True, "plus-minus expands to two answers"),
     ("1 \\pm \\sqrt{19}", "1+\\sqrt{19}", False, "half of a plus-minus"),
     ("3 \\pm 2 \\sqrt{2}", "3-2\\sqrt2, 3+2\\sqrt2", True, "plus-minus in another order"),
+    ("\\pm 2", "2, -2", True, "a leading plus-minus"),
+    ("\\pm 2", "-2, 3", False, "half of a leading plus-minus and a stray answer"),
     ("\\{1\\pm\\sqrt{5},-2\\}", "\\{-2, 1-\\sqrt5, 1+\\sqrt5\\}", True, "plus-minus inside a set"),
     ("\\{1\\pm\\sqrt{5},-2\\}", "\\{2, 1-\\sqrt5, 1+\\sqrt5\\}", False, "a wrong element beside plus-minus"),
     ("x = 1 \\text{ or } x = 2", "1, 2", True, "answers joined by or"),

@@ -653,6 +653,10 @@ class _Parser:
         if self.at("op", "+"):
             self.next()
             return self.parse_unary()
+        if self.at("cmd", "pm") or self.at("cmd", "mp"):  # \pm 2: two answers, 2 and -2
+            sign = self.pm_sign if self.next().value == "pm" else -self.pm_sign
+            self.pm_seen = True
+            return sign * _plain(self.parse_unary())
         return self.parse_power()
 
     def parse_power(self):
