@@ -1,5 +1,7 @@
-"""A real one-node SLURM cluster for the tests marked ``slurm``: munged, slurmctld and
-slurmd started as root from a slurm.conf in a temporary directory, stopped at the end.
+"""A real SLURM cluster for the tests marked ``slurm``: munged, slurmctld and one slurmd
+per node started as root from a slurm.conf in a temporary directory, stopped at the end.
+It has two nodes, both this machine: its own hostname and ``localhost`` (two slurmd
+with ``-N``), so that multi-node jobs really rendezvous across two SLURM nodes.
 
 Install the packages with ``.ci/setup-slurm.sh``. Where they are missing, or the tests
 do not run as root, the ``slurm`` tests are skipped with the reason, unless
@@ -37,14 +39,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _node_line() -> str:
-    """This machine's real CPUs and memory, as slurmd itself sees them."""
+def _node_lines() -> tuple[list[str], list[str]]:
+    """Node names and their slurm.conf lines: this machine's real CPUs and memory, as
+    slurmd itself sees them, once under its hostname and once as ``localhost``."""
     out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        if line.startswith("NodeName="):
-            words = [w for w in line.split() if w.split("=")[0] != "UpTime"]
-            return " ".join(words)
-    return f"NodeName={socket.gethostname().split('.')[0]} CPUs={os.cpu_count() or 1}"
+    line = next((x for x in out.splitlines() if x.startswith("NodeName=")), None)
+    if line is None:
+        line = f"NodeName={socket.gethostname().split('.')[0]} CPUs={os.cpu_count() or 1}"
+    words = [w for w in line.split() if w.split("=")[0] not in ("UpTime", "NodeName")]
+    host = line.split()[0].split("=", 1)[1]
+    names = [host] if host == "localhost" else [host, "localhost"]
+    lines = [
+        f"NodeName={name} NodeAddr=127.0.0.1 Port={_free_port()} {' '.join(words)} State=UNKNOWN"
+        for name in names
+    ]
+    return names, lines
 
 
 SLURM_CONF = """\
@@ -53,17 +62,16 @@ SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
 AuthType=auth/munge
 CredType=cred/munge
 # cred_expire also holds a requeued job back (120 s by default; 5 s is the minimum)
 AuthInfo=socket={root}/munge/munge.socket,cred_expire=5
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -79,8 +87,8 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
 JobCompLoc={root}/jobcomp.log
-{node} NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+{nodes}
+PartitionName=debug Nodes={node_names} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -91,26 +99,26 @@ class LocalSlurm:
         self.root = root
         self.conf = root / "slurm.conf"
         self.procs: list[subprocess.Popen] = []
+        self.nodes: list[str] = []
 
     # ----------------------------------------------------------------- life cycle
 
     def start(self) -> None:
         root = self.root
-        for sub in ("state", "spool", "log", "munge"):
+        for sub in ("state", "log", "munge"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         (root / "munge").chmod(0o711)
         key = root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        node = _node_line()
-        host = node.split()[0].split("=", 1)[1]
+        self.nodes, node_lines = _node_lines()
         self.conf.write_text(
             SLURM_CONF.format(
                 root=root,
-                host=host,
-                node=node,
+                host=self.nodes[0],
+                nodes="\n".join(node_lines),
+                node_names=",".join(self.nodes),
                 ctld_port=_free_port(),
-                slurmd_port=_free_port(),
             )
         )
         os.environ["SLURM_CONF"] = str(self.conf)
@@ -127,8 +135,9 @@ class LocalSlurm:
         )
         self._wait_for(lambda: (munge / "munge.socket").exists(), "munged socket")
         self._spawn("slurmctld", "-D", "-i", "-f", str(self.conf))
-        self._spawn("slurmd", "-D", "-f", str(self.conf))
-        self._wait_for(self._node_idle, "the node to become idle")
+        for name in self.nodes:
+            self._spawn("slurmd", "-D", "-N", name, "-f", str(self.conf), name=f"slurmd-{name}")
+        self._wait_for(self._nodes_idle, "the nodes to become idle")
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -141,13 +150,13 @@ class LocalSlurm:
                 proc.kill()
                 proc.wait()
 
-    def _spawn(self, *argv: str) -> None:
-        log = open(self.root / "log" / f"{argv[0]}.stderr", "wb")  # noqa: SIM115 (daemon's lifetime)
+    def _spawn(self, *argv: str, name: str | None = None) -> None:
+        log = open(self.root / "log" / f"{name or argv[0]}.stderr", "wb")  # noqa: SIM115
         self.procs.append(subprocess.Popen(argv, stdout=log, stderr=log))
 
-    def _node_idle(self) -> bool:
+    def _nodes_idle(self) -> bool:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True)
-        return out.returncode == 0 and out.stdout.strip() == "idle"
+        return out.returncode == 0 and out.stdout.split() == ["idle"] * len(self.nodes)
 
     def _wait_for(self, ready, what: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

@@ -19,12 +19,9 @@ import yaml
 
 from pt_core.errors import ConfigError, PtError
 from pt_core.files import atomic_write_text
-from pt_core.log import get_logger
 from pt_slurm import slurmcli, state
 from pt_slurm.config import RunFile, check_stage, load_run_config
 from pt_slurm.render import render_script
-
-log = get_logger(__name__)
 
 _SBATCH_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:=,-]+$")
 
@@ -70,7 +67,6 @@ def submit(
     state.new_submission(
         run_dir, job_id, stage=stage, max_failures=run.slurm.max_failures, job_name=job_name
     )
-    log.info("submitted job %s for %s", job_id, run_dir)
     return {"kind": "job", "path": run_dir, "job_id": job_id, "stage": stage, "script": job_sh}
 
 

@@ -1,0 +1,84 @@
+"""A two-node job on the local SLURM (two slurmd on this machine): torchrun on each node
+meets the other at MASTER_ADDR:MASTER_PORT, the ranks form one group, and the early
+signal reaches the ranks on both nodes, which stop together and resume after the requeue."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("torch.distributed", reason="the distributed stand-in needs torch")
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STANDIN = Path(__file__).with_name("standin_dist.py")
+STEPS = 30
+
+
+def _wait(predicate, what, timeout=240):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _steps(run_dir: Path) -> list[tuple[int, float]]:
+    path = run_dir / "steps.log"
+    if not path.exists():
+        return []
+    return [(int(a), float(b)) for a, b in (x.split() for x in path.read_text().splitlines())]
+
+
+def test_two_node_job_rendezvous_signal_requeue_and_resume(slurm_cluster, tmp_path, cli):
+    if len(slurm_cluster.nodes) < 2:
+        pytest.skip("the local cluster has one node (this machine's hostname is localhost)")
+    config = {
+        "run_name": "two-nodes",
+        "output_dir": str(tmp_path / "runs"),
+        "standin": {"steps": STEPS, "step_seconds": 0.25},
+        "slurm": {
+            "nodes": 2,
+            "launcher": "torchrun",
+            "command": f"{sys.executable} {STANDIN} {{config}}",
+            "env": {"OMP_NUM_THREADS": 1},
+        },
+    }
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(config))
+    manifest = json.loads(cli("pt-slurm", "submit", path).stdout)
+    job_id, run_dir = manifest["job_id"], Path(manifest["path"])
+
+    _wait(lambda: len(_steps(run_dir)) >= 3, "the two ranks to make progress")
+    slurm_cluster.signal_batch(job_id, "USR1")
+
+    def finished():
+        st = json.loads((run_dir / "slurm" / "state.json").read_text())
+        return st if slurm_cluster.job(job_id).get("JobState") == "COMPLETED" else None
+
+    st = _wait(finished, "the job to complete")
+
+    starts = [json.loads(x) for x in (run_dir / "starts.jsonl").read_text().splitlines()]
+    assert len(starts) == 2  # started, signalled, requeued, started again
+    first_host = sorted(slurm_cluster.nodes)[0]  # what `scontrol show hostnames` lists first
+    for start in starts:
+        assert start["world"] == 2
+        assert sorted(r["node"] for r in start["ranks"]) == sorted(slurm_cluster.nodes)
+        assert {r["master"] for r in start["ranks"]} == {first_host}
+    # Every step once, each all-reduced over both ranks (1 + 2), through the requeue.
+    assert _steps(run_dir) == [(step, 3.0) for step in range(1, STEPS + 1)]
+    assert json.loads((run_dir / "checkpoint.json").read_text()) == {
+        "step": STEPS,
+        "total": 3.0 * STEPS,
+    }
+    assert st["status"] == "completed" and st["requeues"] == 1 and st["failures"] == 0
+    assert st["runs"][0]["signals"] == ["USR1"] and st["runs"][0]["outcome"] == "requeue"
+    assert st["job_ids"] == [job_id] and slurm_cluster.job(job_id)["Restarts"] == "1"
+    assert slurm_cluster.job(job_id)["NumNodes"] == "2"
