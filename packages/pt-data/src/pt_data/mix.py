@@ -15,8 +15,9 @@ Semantics, all deterministic under ``seed``:
 * **validation_split** sends a row to ``validation`` when a hash of ``(seed, prompt)``
   falls below the fraction, so every copy of a row (weights > 1) lands in the same split
   and no prompt is both trained on and validated on.
-* Filters drop rows with an empty turn, with no assistant content, or longer than
-  ``filters.max_chars``; every drop is counted per dataset and reason.
+* Filters drop rows with a malformed message (no role, non-text content), an empty
+  turn, no assistant content, or more than ``filters.max_chars`` characters; every
+  drop is counted per dataset and reason.
 """
 
 from __future__ import annotations
@@ -87,9 +88,12 @@ def filter_reason(row: dict, kind: str, cfg: DataConfig) -> str | None:
     f = cfg.filters
     if kind == "conversations":
         msgs = row["messages"]
-        if f.drop_empty_turns and any(
-            not isinstance(m.get("content"), str) or not m["content"].strip() for m in msgs
+        if not isinstance(msgs, list) or any(
+            not isinstance(m, dict) or not isinstance(m.get("content"), str) or not m.get("role")
+            for m in msgs
         ):
+            return "malformed_message"  # no role, or content that is not text
+        if f.drop_empty_turns and any(not m["content"].strip() for m in msgs):
             return "empty_turn"
         assistant = [m for m in msgs if m.get("role") == "assistant"]
         if not assistant or sum(len(m["content"]) for m in assistant) <= f.min_assistant_chars:
