@@ -155,7 +155,12 @@ def save_inference(
         model = engine.module
         with atomic_path(final) as tmp:
             tmp.mkdir()
-            model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
+            # Training turns the KV cache off; generation wants it on.
+            model.config.use_cache = True
+            try:
+                model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
+            finally:
+                model.config.use_cache = False
             tokenizer.save_pretrained(str(tmp))
             if getattr(model, "generation_config", None) is not None:
                 model.generation_config.save_pretrained(str(tmp))

@@ -38,7 +38,6 @@ def run(
     force_resume: bool = typer.Option(
         False, "--force-resume", help="Resume even if keys that change training differ."
     ),
-    local_rank: int = typer.Option(None, "--local_rank", "--local-rank", hidden=True),
 ) -> None:
     """Train (or resume) a run; print the final inference checkpoint's manifest.
 
@@ -141,7 +140,15 @@ def _stdout_to_stderr():
         os.close(saved)
 
 
-main = make_main(app)
+_main = make_main(app)
+
+
+def main() -> None:
+    # The deepspeed launcher puts --local_rank=N before the command; the rank is also in
+    # the LOCAL_RANK environment variable, which is what pt-train reads.
+    sys.argv = [a for a in sys.argv if not a.startswith(("--local_rank=", "--local-rank="))]
+    _main()
+
 
 if __name__ == "__main__":
     main()

@@ -70,7 +70,6 @@ def load_tokenizer(path: str):
 def load_model(model_cfg, tokenizer, *, dtype, seed: int):
     """The model of ``model_cfg`` (a ``pt_train.config.ModelConfig``): pretrained weights
     from ``name_or_path``, or random weights from ``init`` seeded with ``seed``."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     from pt_core.errors import ConfigError
@@ -97,11 +96,14 @@ def load_model(model_cfg, tokenizer, *, dtype, seed: int):
                 f"cannot load model.name_or_path={model_cfg.name_or_path!r} ({exc})",
                 hint="give a local model directory or a hub name (the hub needs a network)",
             ) from None
-    model.config._attn_implementation = model_cfg.attn_implementation
-    if model_cfg.attn_implementation == "flash_attention_2":
-        model.set_attn_implementation("flash_attention_2")
+    try:
+        model.set_attn_implementation(model_cfg.attn_implementation)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(
+            f"model.attn_implementation={model_cfg.attn_implementation!r} is not usable here ({exc})",
+            hint="use sdpa, or install flash-attn on a GPU machine for flash_attention_2",
+        ) from None
     model.config.use_cache = False
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    assert model.dtype == dtype or dtype is torch.float32, (model.dtype, dtype)
     return model

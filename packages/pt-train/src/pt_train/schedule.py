@@ -17,16 +17,16 @@ def warmup_steps(training: TrainingConfig, total_steps: int) -> int:
 
 
 def lr_at(step: int, training: TrainingConfig, total_steps: int) -> float:
-    """Linear warmup from ``lr/warmup`` to ``lr``, then cosine or linear decay to
-    ``lr * min_lr_ratio`` at the last step, or constant."""
+    """Linear warmup from ``lr/warmup`` to ``lr``, then cosine or linear decay towards
+    ``lr * min_lr_ratio``, or constant."""
     base = training.learning_rate
     warmup = warmup_steps(training, total_steps)
     if step < warmup:
         return base * (step + 1) / warmup
     if training.lr_schedule == "constant":
         return base
-    decay_steps = max(1, total_steps - warmup - 1)
-    progress = min(1.0, (step - warmup) / decay_steps)
+    # As Hugging Face's schedules: the floor would be reached one step after the last.
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
     if training.lr_schedule == "cosine":
         shape = 0.5 * (1.0 + math.cos(math.pi * progress))
     else:

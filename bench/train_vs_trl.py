@@ -1,0 +1,264 @@
+"""pt-train vs TRL's SFTTrainer: the same tiny Llama, data and batch, on CPU.
+
+    uv run --no-sync python bench/train_vs_trl.py [--steps 40] [--threads 2]
+
+Both train a randomly initialised Llama (hidden 256, 4 layers, head_dim 64) on
+the same synthetic arithmetic conversations, tokenized once with pt-data's
+``tokenize_conversation`` (assistant-only loss), packed into rows of at most
+256 tokens, 8 rows per step, for 40 steps. Each trainer runs in its own
+subprocess so its peak RSS is its own. Throughput is non-padding tokens per
+second of the training steps after the first (warm-up) one, measured the same
+way for both: the wall time of each optimizer step and the tokens it consumed.
+
+Prints one table on stderr and one JSON line on stdout with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SEQ_LEN = 256
+MICRO_BATCH = 8
+HIDDEN, LAYERS, HEADS = 256, 4, 4
+
+
+def make_conversations(n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        terms = [rng.randint(1, 999) for _ in range(rng.randint(2, 8))]
+        steps, total = [], terms[0]
+        for t in terms[1:]:
+            steps.append(f"{total} + {t} = {total + t}")
+            total += t
+        question = "What is " + " + ".join(map(str, terms)) + "? Please reason step by step."
+        answer = (
+            "We add one term at a time. "
+            + ". ".join(steps)
+            + f". The answer is \\boxed{{{total}}}."
+        )
+        rows.append(
+            {
+                "messages": [
+                    {"role": "user", "content": question},
+                    {"role": "assistant", "content": answer},
+                ]
+            }
+        )
+    return rows
+
+
+def prepare(workdir: Path, steps: int) -> dict:
+    """Tokenizer, model, conversations and their tokenization, written to ``workdir``."""
+    from pt_data.tokenize import tokenize_conversation
+    from pt_data.tokenizer import build_tokenizer
+    from pt_train.model import build_llama
+
+    conversations = make_conversations(60 * steps)
+    tokenizer = build_tokenizer(
+        workdir / "model", texts=[m["content"] for c in conversations[:500] for m in c["messages"]]
+    )
+    model = build_llama(tokenizer, hidden_size=HIDDEN, num_layers=LAYERS, num_heads=HEADS, seed=0)
+    model.save_pretrained(workdir / "model")
+    with open(workdir / "conversations.jsonl", "w") as fh:
+        for c in conversations:
+            fh.write(json.dumps(c) + "\n")
+    with open(workdir / "tokenized.jsonl", "w") as fh:
+        for c in conversations:
+            fh.write(json.dumps(tokenize_conversation(tokenizer, c["messages"])) + "\n")
+    return {
+        "conversations": len(conversations),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+# --------------------------------------------------------------------------- the two runs
+
+
+def run_trl(workdir: Path, steps: int) -> dict:
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
+    model = AutoModelForCausalLM.from_pretrained(
+        workdir / "model", dtype=torch.float32, attn_implementation="sdpa"
+    )
+    rows = [json.loads(x) for x in (workdir / "tokenized.jsonl").read_text().splitlines()]
+    dataset = datasets.Dataset.from_list(rows)  # input_ids + labels: used as they are
+    step_times: list[float] = []
+    step_tokens: list[int] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            step_times.append(time.perf_counter() - self.t0)
+
+    class CountingSFT(SFTTrainer):
+        def training_step(self, model, inputs, *args, **kwargs):
+            mask = inputs.get("attention_mask")
+            step_tokens.append(
+                int(mask.sum()) if mask is not None else int(inputs["input_ids"].numel())
+            )
+            return super().training_step(model, inputs, *args, **kwargs)
+
+    config = SFTConfig(
+        output_dir=str(workdir / "trl"),
+        max_steps=steps,
+        per_device_train_batch_size=MICRO_BATCH,
+        gradient_accumulation_steps=1,
+        learning_rate=1e-4,
+        lr_scheduler_type="cosine",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        logging_steps=10,
+        save_strategy="no",
+        report_to=[],
+        packing=True,
+        max_length=SEQ_LEN,
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = CountingSFT(
+        model=model,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Timer()],
+    )
+    trainer.train()
+    return {"step_times": step_times, "step_tokens": step_tokens}
+
+
+def run_pt_train(workdir: Path, steps: int) -> dict:
+    import yaml
+
+    config = {
+        "run_name": "pt-train",
+        "output_dir": str(workdir / "runs"),
+        "model": {"name_or_path": str(workdir / "model"), "attn_implementation": "sdpa"},
+        "data": {"path": str(workdir / "conversations.jsonl"), "max_seq_length": SEQ_LEN},
+        "training": {
+            "loss": "sft",
+            "learning_rate": 1e-4,
+            "lr_schedule": "cosine",
+            "max_grad_norm": 1.0,
+            "global_batch_size": MICRO_BATCH,
+            "micro_batch_size": MICRO_BATCH,
+            "max_steps": steps,
+            "seed": 0,
+        },
+        "deepspeed": {"zero_stage": 0},
+    }
+    (workdir / "pt-train.yaml").write_text(yaml.safe_dump(config))
+    bindir = os.path.dirname(sys.executable)
+    proc = subprocess.run(
+        [os.path.join(bindir, "pt-train"), "-q", "run", str(workdir / "pt-train.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"pt-train failed:\n{proc.stderr}")
+    metrics = workdir / "runs" / "pt-train" / "metrics.jsonl"
+    records = [json.loads(x) for x in metrics.read_text().splitlines()]
+    return {
+        "step_times": [r["step_time_s"] for r in records],
+        "step_tokens": [r["tokens"] for r in records],
+    }
+
+
+def child(which: str, workdir: Path, steps: int, threads: int) -> None:
+    import resource
+
+    import torch
+
+    torch.set_num_threads(threads)
+    result = (run_trl if which == "trl" else run_pt_train)(workdir, steps)
+    # pt-train trains in its own subprocess (the CLI); count that process's peak
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    result["peak_rss_mb"] = (kids if which == "pt-train" else own) / 1024
+    print(json.dumps(result))
+
+
+def measure(which: str, workdir: Path, steps: int, threads: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    env.setdefault("DS_ACCELERATOR", "cpu")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", which, "--workdir", str(workdir),
+         "--steps", str(steps), "--threads", str(threads)],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"{which} failed:\n{proc.stderr[-4000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    times, tokens = result["step_times"][1:], result["step_tokens"][1:]
+    result["tokens_per_s"] = sum(tokens) / sum(times)
+    result["steps"] = len(result["step_times"])
+    result["tokens"] = sum(result["step_tokens"])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--child", choices=["trl", "pt-train"], default=None)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.workdir, args.steps, args.threads)
+        return
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="train-vs-trl-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    setup = prepare(workdir, args.steps)
+    trl = measure("trl", workdir, args.steps, args.threads)
+    pt = measure("pt-train", workdir, args.steps, args.threads)
+    ratio = pt["tokens_per_s"] / trl["tokens_per_s"]
+    lines = [
+        f"model: Llama hidden {HIDDEN}, {LAYERS} layers, {setup['params'] / 1e6:.2f}M params; "
+        f"seq len {SEQ_LEN}, micro-batch {MICRO_BATCH}, packing, assistant-only loss, "
+        f"{args.steps} steps, {args.threads} threads",
+        f"{'':10} {'steps':>6} {'tokens':>8} {'tokens/s':>10} {'peak RSS MB':>12}",
+    ]
+    for name, r in (("TRL", trl), ("pt-train", pt)):
+        lines.append(
+            f"{name:10} {r['steps']:>6} {r['tokens']:>8} {r['tokens_per_s']:>10.0f} "
+            f"{r['peak_rss_mb']:>12.0f}"
+        )
+    lines.append(f"ratio pt-train / TRL tokens/s: {ratio:.2f}")
+    print("\n".join(lines), file=sys.stderr)
+    print(
+        json.dumps(
+            {
+                "trl_tokens_per_s": round(trl["tokens_per_s"], 1),
+                "pt_train_tokens_per_s": round(pt["tokens_per_s"], 1),
+                "ratio": round(ratio, 3),
+                "trl_peak_rss_mb": round(trl["peak_rss_mb"], 1),
+                "pt_train_peak_rss_mb": round(pt["peak_rss_mb"], 1),
+                "workdir": str(workdir),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
