@@ -126,10 +126,11 @@ def synth(
 def templates() -> None:
     """List the named chat templates and the built-in transforms."""
     from pt_data.templates import TEMPLATES
-    from pt_data.transforms import _REGISTRY
+    from pt_data.transforms import get_transform, known_transforms
 
     typer.echo("chat templates: " + ", ".join(TEMPLATES), err=True)
-    for name, t in sorted(_REGISTRY.items()):
+    for name in known_transforms():
+        t = get_transform(name)
         doc = (t.fn.__doc__ or "").strip().splitlines()[0] if t.fn.__doc__ else ""
         typer.echo(f"transform {name:<18} -> {t.kind or '?':<13} {doc}", err=True)
 
