@@ -146,6 +146,10 @@ def test_cancel_stops_the_job_without_a_requeue(slurm_cluster, tmp_path, cli):
     job_id, run_dir = manifest["job_id"], manifest["path"]
     wait_until(lambda: len(steps_done(run_dir)) >= 2, "the stand-in to make progress")
 
+    # A second job on the same run dir would write the same checkpoints: refused.
+    again = cli("pt-slurm", "submit", config, check=False)
+    assert again.returncode == 2 and f"already has job {job_id}" in again.stderr
+
     out = json.loads(cli("pt-slurm", "cancel", run_dir).stdout)
     assert out["status"] == "cancelled" and out["job_id"] == job_id
     st = wait_final(slurm_cluster, job_id, run_dir)
