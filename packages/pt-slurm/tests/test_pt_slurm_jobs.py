@@ -105,6 +105,7 @@ def test_early_signal_checkpoints_requeues_and_resumes_as_one_job(slurm_cluster,
     assert logs.stdout == (Path(run_dir) / "slurm" / f"slurm-{job_id}.out").read_text()
     assert "start restart=0" in logs.stdout and "start restart=1" in logs.stdout
     assert f"job {job_id} got SIGUSR1" in logs.stderr
+    assert cli("pt-slurm", "logs", run_dir, "-f").stdout == logs.stdout  # ended: -f returns
 
 
 def test_failures_are_retried_up_to_max_failures_then_the_job_stops(slurm_cluster, tmp_path, cli):

@@ -177,11 +177,12 @@ def follow_logs(
     poll_seconds: float = 1.0,
 ) -> None:
     """Copy the job's stdout log to ``out`` and its stderr log to ``err``; with ``follow``,
-    keep copying until the run reaches a final state."""
+    keep copying until the run is over (a final status, or SLURM no longer runs the job)."""
     out, err = out or sys.stdout, err or sys.stderr
     out_path, err_path = log_paths(run_dir, job_id)
     offsets = {out_path: 0, err_path: 0}
     while True:
+        over = not follow or _job_over(run_dir)  # checked before reading: nothing is missed
         for path, stream in ((out_path, out), (err_path, err)):
             if path.exists():
                 with open(path, encoding="utf-8", errors="replace") as fh:
@@ -191,9 +192,17 @@ def follow_logs(
                 if chunk:
                     stream.write(chunk)
                     stream.flush()
-        if not follow or state.read_state(run_dir)["status"] in state.FINAL_STATUSES:
+        if over:
             return
         time.sleep(poll_seconds)
+
+
+def _job_over(run_dir: str | Path) -> bool:
+    st = state.read_state(run_dir)
+    if st["status"] in state.FINAL_STATUSES:
+        return True
+    # A job killed outright (node failure, SIGKILL) never books its end; SLURM knows.
+    return slurmcli.available() and not slurmcli.is_active(slurmcli.job_state(st["job_id"]))
 
 
 def cancel(run_dir: str | Path) -> dict[str, Any]:
