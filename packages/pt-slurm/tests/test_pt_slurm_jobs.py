@@ -5,6 +5,8 @@ retried up to max_failures, a success resets the count, a cancel is not requeued
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ import yaml
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STANDIN = Path(__file__).with_name("standin.py")
+PT_SLURM = os.path.join(os.path.dirname(sys.executable), "pt-slurm")
 
 
 def write_config(root: Path, name: str, standin: dict, **slurm) -> Path:
@@ -82,6 +85,9 @@ def test_early_signal_checkpoints_requeues_and_resumes_as_one_job(slurm_cluster,
     manifest = submit(cli, config)
     job_id, run_dir = manifest["job_id"], manifest["path"]
     assert manifest["kind"] == "job" and Path(run_dir) == tmp_path / "runs" / "sig"
+    follower = subprocess.Popen(
+        [PT_SLURM, "logs", run_dir, "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
     wait_until(lambda: len(steps_done(run_dir)) >= 3, "the stand-in to make progress")
     slurm_cluster.signal_batch(job_id, "USR1")  # what --signal=B:USR1@N does before the wall time
@@ -105,7 +111,9 @@ def test_early_signal_checkpoints_requeues_and_resumes_as_one_job(slurm_cluster,
     assert logs.stdout == (Path(run_dir) / "slurm" / f"slurm-{job_id}.out").read_text()
     assert "start restart=0" in logs.stdout and "start restart=1" in logs.stdout
     assert f"job {job_id} got SIGUSR1" in logs.stderr
-    assert cli("pt-slurm", "logs", run_dir, "-f").stdout == logs.stdout  # ended: -f returns
+    # `logs -f`, started before the job ran, followed it through the requeue and ended with it.
+    followed, _ = follower.communicate(timeout=30)
+    assert followed.decode() == logs.stdout
 
 
 def test_failures_are_retried_up_to_max_failures_then_the_job_stops(slurm_cluster, tmp_path, cli):
