@@ -16,7 +16,7 @@ from typing import IO, Any
 
 from pt_core.errors import InputError
 
-KINDS = ("dataset", "checkpoint", "rollouts", "scores", "grades", "job")
+KINDS = ("dataset", "tokenizer", "checkpoint", "rollouts", "scores", "grades", "job")
 
 
 def make_manifest(kind: str, path: str | Path, **fields: Any) -> dict:

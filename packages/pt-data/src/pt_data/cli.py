@@ -123,6 +123,21 @@ def synth(
 
 
 @app.command()
+def tokenizer(
+    texts: list[Path] = typer.Option(
+        ..., "--texts", "-t", help="row files (jsonl/json/parquet) whose text the tokenizer learns"
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="directory for the tokenizer files"),
+    vocab_size: int = typer.Option(512, "--vocab-size", help="at most this many tokens"),
+) -> None:
+    """Train a small byte-level BPE tokenizer with a ChatML template on local text (offline)."""
+    from pt_data.tokenizer import train_tokenizer_on_rows
+
+    tok = train_tokenizer_on_rows(texts, out, vocab_size=vocab_size)
+    emit_manifest("tokenizer", out, vocab_size=len(tok))
+
+
+@app.command()
 def templates() -> None:
     """List the named chat templates and the built-in transforms."""
     from pt_data.templates import TEMPLATES

@@ -83,3 +83,28 @@ def build_tokenizer(
     if out_dir is not None:
         hf.save_pretrained(str(out_dir))
     return hf
+
+
+def row_texts(row: dict) -> list[str]:
+    """Every string in a row, message contents included."""
+    out = []
+    for value in row.values():
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, str):
+                    out.append(item)
+                elif isinstance(item, dict) and isinstance(item.get("content"), str):
+                    out.append(item["content"])
+    return out
+
+
+def train_tokenizer_on_rows(paths, out_dir: str | Path, *, vocab_size: int = 512):
+    """Train :func:`build_tokenizer` on the text of row files and save it atomically."""
+    from pt_core.files import atomic_path, iter_rows
+
+    texts = [text for path in paths for row in iter_rows(path) for text in row_texts(row)]
+    with atomic_path(out_dir) as tmp:
+        tokenizer = build_tokenizer(tmp, texts=texts, vocab_size=vocab_size)
+    return tokenizer
