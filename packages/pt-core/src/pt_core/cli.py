@@ -64,7 +64,9 @@ def make_main(app: typer.Typer) -> Callable[[], None]:
             sys.exit(130)
         except Exception as exc:
             # Usage errors (unknown option, missing argument) from the click that typer bundles.
-            if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
+            if callable(getattr(exc, "show", None)) and isinstance(
+                getattr(exc, "exit_code", None), int
+            ):
                 exc.show()
                 sys.exit(exc.exit_code)
             raise

@@ -279,8 +279,11 @@ def split_path(path: str | os.PathLike, split: str = "train") -> Path:
     p = Path(path)
     if p.is_dir() and (p / split).is_dir():
         return p / split
-    if p.is_dir() and any(c.is_dir() and not c.name.startswith(".") for c in p.iterdir()):
-        if not any(f.suffix in ROW_SUFFIXES for f in p.iterdir()):
-            splits = sorted(c.name for c in p.iterdir() if c.is_dir() and not c.name.startswith("."))
-            raise InputError(f"{p}: no split {split!r}; the dataset has: {', '.join(splits)}")
+    splits = (
+        sorted(c.name for c in p.iterdir() if c.is_dir() and not c.name.startswith("."))
+        if p.is_dir()
+        else []
+    )
+    if splits and not any(f.suffix in ROW_SUFFIXES for f in p.iterdir()):
+        raise InputError(f"{p}: no split {split!r}; the dataset has: {', '.join(splits)}")
     return p
