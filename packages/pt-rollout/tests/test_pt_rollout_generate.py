@@ -190,5 +190,8 @@ def test_user_errors_are_reported_with_a_fix(tmp_path, tiny_model_dir, cli):
     ok = write_rows(tmp_path / "ok.jsonl", [{"id": 1, "prompt": "a"}])
     with pytest.raises(PtError, match="needs the vLLM engine"):
         generate(tiny_model_dir, ok, tmp_path / "r.jsonl", engine="hf", tensor_parallel=2)
+    long = write_rows(tmp_path / "long.jsonl", [{"id": "big", "prompt": "1 " * 1100}])
+    with pytest.raises(PtError, match="prompt 'big' is .* tokens; the model takes 2048"):
+        generate(tiny_model_dir, long, tmp_path / "r.jsonl", engine="hf", max_tokens=4)
     with pytest.raises(PtError, match="top_p"):
         GenerateOptions(top_p=0)

@@ -10,6 +10,7 @@ the output does not depend on batching, engine restarts or resuming.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pt_core.errors import ConfigError
+from pt_core.errors import ConfigError, InputError
 from pt_core.log import get_logger
 from pt_rollout.engines import SamplingParams
 from pt_rollout.output import ResumableOutput, row_key
@@ -94,7 +95,10 @@ def generate(
 ) -> dict:
     """Generate ``options.n`` completions for every prompt into ``out``; resume from what
     ``out`` (or its ``.partial``) already holds. Returns the manifest fields."""
-    options = options or GenerateOptions(**overrides)
+    if options is None:
+        options = GenerateOptions(**overrides)
+    elif overrides:
+        options = dataclasses.replace(options, **overrides)
     model = str(model)
     started = time.perf_counter()
     source = prompts_path(prompts, options.split)
@@ -117,45 +121,18 @@ def generate(
     )
     meter = Throughput("generate", total=len(rows) * options.n, done=output.resumed, n=options.n)
     engine_name = options.engine
-    if pending and options.data_parallel > 1:
-        from pt_rollout.parallel import generate_data_parallel
+    try:
+        if pending and options.data_parallel > 1:
+            from pt_rollout.parallel import generate_data_parallel
 
-        with meter:
-            generate_data_parallel(model, pending, output, options, meter)
-        engine_name = f"{options.engine} x{options.data_parallel}"
-    elif pending:
-        from transformers import AutoTokenizer
-
-        from pt_rollout.prompts import stop_token_ids
-
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        sampling = options.sampling(stop_token_ids(model, tokenizer))
-        token_ids = {}
-        for row, _ in pending:
-            if row.position not in token_ids:
-                token_ids[row.position] = prompt_token_ids(
-                    tokenizer, row.prompt, template=options.template, system=options.system
-                )
-        from pt_rollout.engines import load_engine
-
-        with (
-            load_engine(
-                options.engine,
-                model,
-                dtype=options.dtype,
-                seed=options.seed,
-                tensor_parallel_size=options.tensor_parallel,
-                gpu_memory_utilization=options.gpu_memory_utilization,
-                max_model_len=options.max_model_len,
-            ) as engine,
-            meter,
-        ):
-            engine_name = engine.name
-            for start in range(0, len(pending), options.batch_size):
-                batch = pending[start : start + options.batch_size]
-                new_rows = _generate_batch(engine, tokenizer, batch, token_ids, sampling, options)
-                output.write(new_rows)
-                meter.advance(len(new_rows), sum(len(r["completion_token_ids"]) for r in new_rows))
+            with meter:
+                generate_data_parallel(model, pending, output, options, meter)
+            engine_name = f"{options.engine} x{options.data_parallel}"
+        elif pending:
+            engine_name = _generate_pending(model, pending, output, options, meter, source)
+    except BaseException:
+        output.close()  # rows written so far stay in the partial file
+        raise
     total = output.finalize(order=_input_order(rows))
     return {
         "rows": total,
@@ -171,6 +148,45 @@ def generate(
         "tokens_per_s": round(meter.tokens_per_s, 1),
         "columns": _columns(output.path),
     }
+
+
+def _generate_pending(model, pending, output, options, meter, source) -> str:
+    """Generate the pending (row, sample) pairs with one engine, a batch at a time, each
+    batch appended to ``output`` as it completes. Returns the engine's name."""
+    from transformers import AutoTokenizer
+
+    from pt_rollout.prompts import stop_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    sampling = options.sampling(stop_token_ids(model, tokenizer))
+    token_ids = {}
+    for row, _ in pending:
+        if row.position not in token_ids:
+            token_ids[row.position] = prompt_token_ids(
+                tokenizer, row.prompt, template=options.template, system=options.system
+            )
+    from pt_rollout.engines import load_engine
+
+    with (
+        load_engine(
+            options.engine,
+            model,
+            dtype=options.dtype,
+            seed=options.seed,
+            tensor_parallel_size=options.tensor_parallel,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            max_model_len=options.max_model_len,
+        ) as engine,
+        meter,
+    ):
+        engine_name = engine.name
+        _check_prompt_lengths(pending, token_ids, engine.max_model_len, source)
+        for start in range(0, len(pending), options.batch_size):
+            batch = pending[start : start + options.batch_size]
+            new_rows = _generate_batch(engine, tokenizer, batch, token_ids, sampling, options)
+            output.write(new_rows)
+            meter.advance(len(new_rows), sum(len(r["completion_token_ids"]) for r in new_rows))
+    return engine_name
 
 
 def _generate_batch(engine, tokenizer, batch, token_ids, sampling, options) -> list[dict]:
@@ -203,6 +219,17 @@ def _generate_batch(engine, tokenizer, batch, token_ids, sampling, options) -> l
             record["completion_logprobs"] = completion.logprobs
         out.append({**record, **{k: v for k, v in row.columns.items() if k not in record}})
     return out
+
+
+def _check_prompt_lengths(pending, token_ids, max_model_len: int, source) -> None:
+    for row, _ in pending:
+        length = len(token_ids[row.position])
+        if length >= max_model_len:
+            raise InputError(
+                f"{source}: prompt {row.id!r} is {length} tokens; the model takes "
+                f"{max_model_len} in all, which leaves no room to generate",
+                hint="shorten or drop that prompt (or raise --max-model-len if the model allows)",
+            )
 
 
 def _input_order(rows: list[PromptRow]):

@@ -118,11 +118,20 @@ def generate_data_parallel(model: str, pending, output: ResumableOutput, options
         log.info("worker %d: %d prompts, GPUs %s", rank, len(shard), groups[rank] or "none")
 
     watchers = {rank: _PartialWatcher(shard_out) for rank, _, shard_out, _ in procs}
-    while any(proc.poll() is None for _, proc, _, _ in procs):
-        time.sleep(1.0)
-        rows = sum(w.poll()[0] for w in watchers.values())
-        tokens = sum(w.tokens for w in watchers.values())
-        meter.set_done(rows, tokens)
+    try:
+        while any(proc.poll() is None for _, proc, _, _ in procs):
+            time.sleep(1.0)
+            rows = sum(w.poll()[0] for w in watchers.values())
+            tokens = sum(w.tokens for w in watchers.values())
+            meter.set_done(rows, tokens)
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM): stop the workers too; their rows stay for a rerun.
+        for _, proc, _, _ in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc, _, _ in procs:
+            proc.wait()
+        raise
 
     failed = [
         (rank, proc.returncode, log_path) for rank, proc, _, log_path in procs if proc.returncode
