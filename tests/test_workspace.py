@@ -60,3 +60,9 @@ def test_usage_errors_are_one_message_not_a_traceback(cli, tool):
     assert "Traceback" not in proc.stderr
     assert "No such command" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_ruff_is_clean():
+    ruff = Path(sys.executable).with_name("ruff")
+    proc = subprocess.run([str(ruff), "check", str(REPO)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

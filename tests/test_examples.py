@@ -1,0 +1,86 @@
+"""Every recipe under examples/ is a config the tools accept, even where its hardware is
+absent: data configs by pt-data's schema, training configs by `pt-train check` and the batch
+layout of the world size they are meant for, and the SLURM recipe by a dry run whose script
+passes shellcheck."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+DATA_CONFIGS = sorted(EXAMPLES.glob("*/data.yaml")) + sorted(EXAMPLES.glob("*/prompts.yaml"))
+TRAIN_CONFIGS = sorted(EXAMPLES.glob("*/train.yaml")) + [EXAMPLES / "quickstart" / "sft.yaml"]
+
+
+def _ids(paths):
+    return [str(p.relative_to(EXAMPLES)) for p in paths]
+
+
+def test_every_example_folder_has_a_readme_and_a_config():
+    folders = [p for p in EXAMPLES.iterdir() if p.is_dir()]
+    assert len(folders) >= 4
+    for folder in folders:
+        assert list(folder.glob("*.yaml")), f"{folder} has no config"
+        if folder.name != "quickstart":
+            assert (folder / "README.md").exists(), f"{folder} has no README.md"
+
+
+@pytest.mark.parametrize("path", DATA_CONFIGS, ids=_ids(DATA_CONFIGS))
+def test_data_configs_validate(path):
+    from pt_data.config import load_data_config
+    from pt_data.transforms import get_transform
+
+    cfg = load_data_config(path)
+    for dataset in cfg.datasets:
+        get_transform(dataset.transform_name)  # raises on an unknown transform
+
+
+@pytest.mark.parametrize("path", TRAIN_CONFIGS, ids=_ids(TRAIN_CONFIGS))
+def test_train_configs_pass_pt_train_check_at_their_world_size(cli, path):
+    from pt_train.config import batch_layout, load_train_config
+
+    cli("pt-train", "check", path)
+    cfg = load_train_config(path)
+    slurm = cfg.slurm or {}
+    world = slurm.get("nodes", 1) * slurm.get("gpus_per_node", 0) or cfg.launcher.nproc
+    accumulation = batch_layout(cfg.training, world)
+    assert accumulation >= 1
+
+
+def test_the_two_node_recipe_renders_a_script_that_passes_shellcheck(cli, tmp_path):
+    recipe = EXAMPLES / "dft-slurm-2node" / "train.yaml"
+    proc = cli("pt-slurm", "submit", recipe, "--dry-run", cwd=tmp_path)
+    script = proc.stdout
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "--signal=B:USR1@300" in script
+    assert "scontrol show hostnames" in script
+    assert not list(tmp_path.iterdir()), "a dry run writes nothing"
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
+    (tmp_path / "job.sh").write_text(script)
+    check = subprocess.run([shellcheck, str(tmp_path / "job.sh")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+
+def test_recipes_follow_the_dft_papers_setting():
+    """lr 5e-5, effective batch 256, max length 2048, 1 epoch, warmup 0.1, cosine."""
+    train = yaml.safe_load((EXAMPLES / "dft-qwen2.5-math" / "train.yaml").read_text())
+    data = yaml.safe_load((EXAMPLES / "dft-qwen2.5-math" / "data.yaml").read_text())
+    t = train["training"]
+    assert (t["loss"], t["learning_rate"], t["global_batch_size"], t["num_epochs"]) == (
+        "dft",
+        5e-5,
+        256,
+        1,
+    )
+    assert (t["warmup_ratio"], t["lr_schedule"]) == (0.1, "cosine")
+    assert data["data"]["tokenizer"]["max_seq_length"] == 2048
+    two_node = yaml.safe_load((EXAMPLES / "dft-slurm-2node" / "train.yaml").read_text())
+    for key in ("loss", "learning_rate", "global_batch_size", "num_epochs", "warmup_ratio"):
+        assert two_node["training"][key] == t[key], key
