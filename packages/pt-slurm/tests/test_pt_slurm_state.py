@@ -41,8 +41,9 @@ def test_decide(status, failures, exit_code, signals, expected):
     assert why  # the state file says why
 
 
-def _submitted(tmp_path, max_failures=2):
-    state.new_submission(tmp_path, "7", stage="train", max_failures=max_failures, job_name="x")
+def _submitted(tmp_path, max_failures=2, job_id="7"):
+    state.begin_submission(tmp_path, stage="train", max_failures=max_failures, job_name="x")
+    state.record_job_id(tmp_path, job_id)
 
 
 def test_failures_count_up_and_a_success_resets_them(tmp_path):
@@ -72,10 +73,20 @@ def test_a_new_submission_keeps_the_history_and_starts_failures_afresh(tmp_path)
     _submitted(tmp_path, max_failures=1)
     state.record_start(tmp_path, job_id="7", restart=0)
     state.record_end(tmp_path, exit_code=1)
-    state.new_submission(tmp_path, "9", stage="train", max_failures=1, job_name="x")
+    _submitted(tmp_path, max_failures=1, job_id="9")
     st = json.loads((tmp_path / "slurm" / "state.json").read_text())
     assert st["job_ids"] == ["7", "9"] and st["job_id"] == "9"
     assert st["failures"] == 0 and st["status"] == "submitted" and len(st["runs"]) == 1
+
+
+def test_a_job_that_starts_before_sbatch_returns_stays_running(tmp_path):
+    """sbatch can return after the job has already begun: the state file exists before
+    sbatch, and the job id recorded afterwards does not undo the start."""
+    state.begin_submission(tmp_path, stage="train", max_failures=3, job_name="x")
+    state.record_start(tmp_path, job_id="11", restart=0)
+    state.record_job_id(tmp_path, "11")
+    st = state.read_state(tmp_path)
+    assert st["status"] == "running" and st["job_ids"] == ["11"] and len(st["runs"]) == 1
 
 
 def test_freeze_keeps_the_stage_copy_and_refuses_changed_values(tmp_path):

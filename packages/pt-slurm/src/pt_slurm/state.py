@@ -19,8 +19,11 @@ The rules, in the order they are checked:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,40 +61,60 @@ def write_state(run_dir: str | Path, state: dict[str, Any]) -> None:
     atomic_write_json(state_path(run_dir), state)
 
 
-def new_submission(
-    run_dir: str | Path, job_id: str, *, stage: str, max_failures: int, job_name: str
-) -> dict[str, Any]:
-    """The state after ``sbatch``: a new job id; failures start from 0, the history stays."""
-    path = state_path(run_dir)
-    state = json.loads(path.read_text()) if path.exists() else {"job_ids": [], "runs": []}
-    state.update(
-        job_id=job_id,
-        job_ids=[*state.get("job_ids", []), job_id],
-        job_name=job_name,
-        stage=stage,
-        status="submitted",
-        requeues=0,
-        failures=0,
-        max_failures=max_failures,
-        submitted_at=_now(),
-    )
-    state.pop("reason", None)
-    write_state(run_dir, state)
-    return state
+@contextlib.contextmanager
+def updating(run_dir: str | Path, *, create: bool = False) -> Iterator[dict[str, Any]]:
+    """Read, change and write the state under a lock: the submitting process and the
+    job's batch shell may write at the same moment."""
+    slurm_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    with open(slurm_dir(run_dir) / ".state.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if create and not state_path(run_dir).exists():
+            state: dict[str, Any] = {"job_ids": [], "runs": []}
+        else:
+            state = read_state(run_dir)
+        yield state
+        write_state(run_dir, state)
+
+
+def begin_submission(run_dir: str | Path, *, stage: str, max_failures: int, job_name: str) -> None:
+    """Before ``sbatch``, so that the job always finds its state file: failures start
+    from 0, the history of earlier submissions stays."""
+    with updating(run_dir, create=True) as state:
+        state.update(
+            job_id=None,
+            job_name=job_name,
+            stage=stage,
+            status="submitting",
+            requeues=0,
+            failures=0,
+            max_failures=max_failures,
+            submitted_at=_now(),
+        )
+        state.pop("reason", None)
+
+
+def record_job_id(run_dir: str | Path, job_id: str | None, *, error: str | None = None) -> None:
+    """After ``sbatch``: the job id (the job may already be running), or why there is none."""
+    with updating(run_dir) as state:
+        if job_id is None:
+            state.update(status="failed", reason=f"sbatch failed: {error}")
+            return
+        state["job_id"] = job_id
+        state["job_ids"] = [*state.get("job_ids", []), job_id]
+        if state["status"] == "submitting":
+            state["status"] = "submitted"
 
 
 def record_start(
     run_dir: str | Path, *, job_id: str, restart: int, nodes: str | None = None
-) -> dict[str, Any]:
+) -> None:
     """The batch script began (again): one more entry in ``runs``."""
-    state = read_state(run_dir)
-    state["status"] = "running"
-    state["job_id"] = job_id
-    state["runs"].append(
-        {"job_id": job_id, "restart": restart, "nodes": nodes, "started_at": _now()}
-    )
-    write_state(run_dir, state)
-    return state
+    with updating(run_dir) as state:
+        state["status"] = "running"
+        state["job_id"] = job_id
+        state["runs"].append(
+            {"job_id": job_id, "restart": restart, "nodes": nodes, "started_at": _now()}
+        )
 
 
 def decide(
@@ -121,35 +144,34 @@ def record_end(
     run_dir: str | Path, *, exit_code: int, signals: list[str] | tuple[str, ...] = ()
 ) -> Action:
     """Book the end of a step and say what the job script does next."""
-    state = read_state(run_dir)
-    action, status, why = decide(state, exit_code, signals)
-    if exit_code == 0:
-        state["failures"] = 0
-    elif status in ("retrying", "failed"):
-        state["failures"] = state.get("failures", 0) + 1
-    if status == "requeued":
-        state["requeues"] = state.get("requeues", 0) + 1
-    state["status"] = status
-    state["reason"] = why
-    run = state["runs"][-1] if state.get("runs") else {}
-    run.update(ended_at=_now(), exit_code=exit_code, signals=list(signals), outcome=action)
-    write_state(run_dir, state)
+    with updating(run_dir) as state:
+        action, status, why = decide(state, exit_code, signals)
+        if exit_code == 0:
+            state["failures"] = 0
+        elif status in ("retrying", "failed"):
+            state["failures"] = state.get("failures", 0) + 1
+        if status == "requeued":
+            state["requeues"] = state.get("requeues", 0) + 1
+        state["status"] = status
+        state["reason"] = why
+        if state.get("runs"):
+            state["runs"][-1].update(
+                ended_at=_now(), exit_code=exit_code, signals=list(signals), outcome=action
+            )
     return action
 
 
 def record_requeue_refused(run_dir: str | Path, message: str) -> None:
     """`scontrol requeue` failed: the job ends here; say so rather than claim a requeue."""
-    state = read_state(run_dir)
-    state["status"] = "failed"
-    state["reason"] = f"scontrol requeue failed: {message}"
-    write_state(run_dir, state)
+    with updating(run_dir) as state:
+        state["status"] = "failed"
+        state["reason"] = f"scontrol requeue failed: {message}"
 
 
 def mark_cancelled(run_dir: str | Path) -> dict[str, Any]:
-    state = read_state(run_dir)
-    state["status"] = "cancelled"
-    state["reason"] = "cancelled with pt-slurm cancel"
-    write_state(run_dir, state)
+    with updating(run_dir) as state:
+        state["status"] = "cancelled"
+        state["reason"] = "cancelled with pt-slurm cancel"
     return state
 
 

@@ -62,11 +62,16 @@ def submit(
     job_sh = sdir / "job.sh"
     atomic_write_text(job_sh, script)
     job_sh.chmod(0o755)
-    job_id = slurmcli.sbatch(job_sh)
     job_name = run.slurm.job_name or run.run_name
-    state.new_submission(
-        run_dir, job_id, stage=stage, max_failures=run.slurm.max_failures, job_name=job_name
+    state.begin_submission(
+        run_dir, stage=stage, max_failures=run.slurm.max_failures, job_name=job_name
     )
+    try:
+        job_id = slurmcli.sbatch(job_sh)
+    except PtError as exc:
+        state.record_job_id(run_dir, None, error=exc.message)
+        raise
+    state.record_job_id(run_dir, job_id)
     return {"kind": "job", "path": run_dir, "job_id": job_id, "stage": stage, "script": job_sh}
 
 
