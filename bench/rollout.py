@@ -128,7 +128,11 @@ def run_vllm(python: str, model: str, prompts: Path, out: Path, args) -> dict:
 
 
 def run_hf(model: str, prompts: Path, out: Path, args) -> dict:
+    import torch
+
     from pt_rollout.generate import GenerateOptions, generate
+
+    torch.set_num_threads(args.hf_threads)
 
     options = GenerateOptions(
         n=args.n,
@@ -152,6 +156,13 @@ def main() -> None:
     parser.add_argument("--vllm-python", help="interpreter with vllm (default .venv-vllm)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument(
+        "--hf-threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) - 1),
+        help="torch threads of the HF engine (default: the cores vLLM-CPU computes on, "
+        "which binds one OpenMP thread per core and keeps one core for itself)",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="pt-bench-rollout-") as tmp:
@@ -170,7 +181,8 @@ def main() -> None:
 
     print(
         f"rollout bench: {args.prompts} prompts x n={args.n}, {args.max_tokens} new tokens, "
-        f"model {args.model or 'tiny Llama (hidden 128, 2 layers)'}"
+        f"model {args.model or 'tiny Llama (hidden 128, 2 layers)'}, HF on {args.hf_threads} "
+        "thread(s)"
     )
     for name, r in results.items():
         print(
