@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -166,6 +167,7 @@ def run_pt_train(workdir: Path, steps: int) -> dict:
         "deepspeed": {"zero_stage": 0},
     }
     (workdir / "pt-train.yaml").write_text(yaml.safe_dump(config))
+    shutil.rmtree(workdir / "runs" / "pt-train", ignore_errors=True)  # train, not resume
     bindir = os.path.dirname(sys.executable)
     proc = subprocess.run(
         [os.path.join(bindir, "pt-train"), "-q", "run", str(workdir / "pt-train.yaml")],
@@ -229,7 +231,7 @@ def main() -> None:
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="train-vs-trl-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    setup = prepare(workdir, args.steps)
+    setup = prepare(workdir, args.steps)  # the same data for both, made fresh every time
     trl = measure("trl", workdir, args.steps, args.threads)
     pt = measure("pt-train", workdir, args.steps, args.threads)
     ratio = pt["tokens_per_s"] / trl["tokens_per_s"]

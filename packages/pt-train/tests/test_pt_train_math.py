@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from pt_core.files import write_rows as pt_write_rows
 from pt_train.config import TrainConfig
 from pt_train.metrics import read_metrics
 from pt_train.trainer import train
@@ -52,7 +53,10 @@ def test_step_one_loss_with_lr_zero_equals_the_reference(
 
     ids = tiny_tokenizer("Solve for n: 3n + 4 = 19, so 3n = 15 and n = 5.")["input_ids"]
     labels = [-100] * 6 + ids[6:]  # a prompt of 6 tokens carries no loss
-    data = write_rows(tmp_path / "one.jsonl", [{"input_ids": ids, "labels": labels}])
+    # laid out as pt-data writes a dataset: <dir>/train/part-00000.parquet
+    data = tmp_path / "dataset"
+    row = {"input_ids": ids, "labels": labels, "position_ids": list(range(len(ids)))}
+    pt_write_rows(data / "train" / "part-00000.parquet", [{**row, "seq_lens": [len(ids)]}])
     cfg = make_config(
         tmp_path, tiny_tokenizer_dir, data, loss=loss, learning_rate=0.0,
         global_batch_size=1, micro_batch_size=1, max_steps=1,
@@ -90,19 +94,24 @@ def test_eight_micro_batches_of_one_equal_one_of_eight(
     although the rows have different lengths and numbers of trained tokens."""
     data = write_rows(tmp_path / "rows.jsonl", _varied_rows(tiny_tokenizer))
     runs = {}
-    for micro in (8, 1):
+    # (micro-batch, gradient checkpointing): recomputing activations changes no number either
+    for micro, checkpointing in ((8, False), (1, False), (8, True)):
+        name = f"micro{micro}-{checkpointing}"
         cfg = make_config(
-            tmp_path / f"micro{micro}", tiny_tokenizer_dir, data, learning_rate=1e-3,
+            tmp_path / name, tiny_tokenizer_dir, data, learning_rate=1e-3,
             global_batch_size=8, micro_batch_size=micro, max_steps=3,
         )  # fmt: skip
+        cfg.model.gradient_checkpointing = checkpointing
         train(cfg)
-        run = tmp_path / f"micro{micro}" / "run"
-        runs[micro] = (
+        run = tmp_path / name / "run"
+        runs[micro, checkpointing] = (
             [r["loss"] for r in read_metrics(run)],
             load_file(run / "inference" / "step-3" / "model.safetensors"),
         )
-    (loss_8, weights_8), (loss_1, weights_1) = runs[8], runs[1]
-    assert loss_8 == pytest.approx(loss_1, abs=1e-5)
+    loss_8, weights_8 = runs[8, False]
     assert loss_8[0] != pytest.approx(loss_8[2], abs=1e-3)  # the model did learn
-    for name, w in weights_8.items():
-        torch.testing.assert_close(weights_1[name], w, atol=1e-5, rtol=0)
+    for other in ((1, False), (8, True)):
+        loss, weights = runs[other]
+        assert loss == pytest.approx(loss_8, abs=1e-5)
+        for name, w in weights_8.items():
+            torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0)

@@ -356,7 +356,8 @@ class Trainer:
             self.engine, self.tokenizer, self.run_dir, self.step, self.env, self.zero_stage
         )
 
-    def train(self) -> TrainResult:
+    def train(self, stop: StopRequest) -> TrainResult:
+        """Run the remaining steps; ``stop`` is the signal flag (installed by :func:`train`)."""
         t = self.cfg.training
         if self.step >= self.total_steps:
             path = self.run_dir / "inference" / f"step-{self.step}"
@@ -377,7 +378,7 @@ class Trainer:
         self.engine.train()
         bar = progress() if self.env.is_main else None
         stopped = False
-        with StopRequest() as stop, bar or nullcontext():
+        with bar or nullcontext():
             task = (
                 bar.add_task("train", total=self.total_steps, completed=self.step) if bar else None
             )
@@ -424,4 +425,7 @@ def train(cfg: TrainConfig, *, data_path: str | Path | None = None, force_resume
         cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(data_path)})})
     if cfg.data.path is not None and not Path(cfg.data.path).exists():
         raise InputError(f"data.path {cfg.data.path}: no such file or directory")
-    return Trainer(cfg, force_resume=force_resume).train()
+    # Signals are caught from the start: one that arrives while the model loads stops
+    # the run after its first step, with a checkpoint, like any other.
+    with StopRequest() as stop:
+        return Trainer(cfg, force_resume=force_resume).train(stop)
