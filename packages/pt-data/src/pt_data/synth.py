@@ -1,10 +1,17 @@
 """Generated datasets for offline runs: problems a tiny model can learn on a CPU.
 
-``arithmetic``: 2-digit additions and subtractions and small multiplications, as
-MATH-like rows ``{id, problem, solution, answer}`` whose solution is a one-line
-worked answer ending in ``\\boxed{answer}``. Train and test problems are disjoint.
-Feed them to ``pt-data build`` with transform ``math`` (SFT conversations) or
-``math_prompts`` (prompts with gold answers for rollout and evaluation).
+``arithmetic``: additions and subtractions of two 2-digit numbers, as MATH-like
+rows ``{id, problem, solution, answer}``. The solution works column by column,
+the way the problem is done by hand, and ends in ``\\boxed{answer}``:
+
+    What is 87 + 45?
+    Ones: 7+5=12, carry 1. Tens: 8+4+1=13. The final answer is \\boxed{132}.
+
+Each step is a one-digit fact next to the digits it uses, which a small model
+learns in minutes; asked for the whole sum in one token run, it would need far
+longer. Train and test problems are disjoint. Feed them to ``pt-data build`` with
+transform ``math`` (SFT conversations) or ``math_prompts`` (prompts with gold
+answers for rollout and evaluation).
 """
 
 from __future__ import annotations
@@ -19,25 +26,44 @@ GENERATORS = ("arithmetic",)
 
 
 def arithmetic_problems() -> list[tuple[int, str, int]]:
-    """Every distinct problem: (a, op, b) with a 2-digit +/- (no negative results) or a
-    small product (2..12 times 2..19)."""
+    """Every distinct problem: (a, op, b) with 2-digit a and b; subtraction only when a >= b."""
     problems = []
     for a in range(10, 100):
         for b in range(10, 100):
             problems.append((a, "+", b))
             if a >= b:
                 problems.append((a, "-", b))
-    for a in range(2, 13):
-        for b in range(2, 20):
-            problems.append((a, "*", b))
     return problems
 
 
+def column_solution(a: int, op: str, b: int) -> tuple[str, int]:
+    """The worked, column-by-column solution of ``a op b`` and its value."""
+    (a_tens, a_ones), (b_tens, b_ones) = divmod(a, 10), divmod(b, 10)
+    if op == "+":
+        ones = a_ones + b_ones
+        carry = ones // 10
+        tens = a_tens + b_tens + carry
+        value = a + b
+        steps = f"Ones: {a_ones}+{b_ones}={ones}, carry {carry}. Tens: {a_tens}+{b_tens}+{carry}={tens}."
+    elif op == "-":
+        borrow = int(a_ones < b_ones)
+        top = a_ones + 10 * borrow
+        tens = a_tens - b_tens - borrow
+        value = a - b
+        steps = f"Ones: {top}-{b_ones}={top - b_ones}, borrow {borrow}. Tens: {a_tens}-{b_tens}-{borrow}={tens}."
+    else:
+        raise ValueError(f"unknown operator {op!r}")
+    return f"{steps} The final answer is \\boxed{{{value}}}.", value
+
+
 def arithmetic_row(a: int, op: str, b: int, row_id: str) -> dict:
-    value = a + b if op == "+" else a - b if op == "-" else a * b
-    problem = f"What is {a} {op} {b}?"
-    solution = f"{a} {op} {b} = {value}. The final answer is \\boxed{{{value}}}."
-    return {"id": row_id, "problem": problem, "solution": solution, "answer": str(value)}
+    solution, value = column_solution(a, op, b)
+    return {
+        "id": row_id,
+        "problem": f"What is {a} {op} {b}?",
+        "solution": solution,
+        "answer": str(value),
+    }
 
 
 def synth_arithmetic(n: int, *, n_test: int | None = None, seed: int = 0) -> dict[str, list[dict]]:
