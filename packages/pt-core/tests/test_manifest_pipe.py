@@ -114,3 +114,24 @@ def test_emit_writes_one_line_with_absolute_path(tmp_path):
     emit_manifest("dataset", "rel/path", stream=buf, rows=1)
     assert buf.getvalue().count("\n") == 1
     assert '"path": "/' in buf.getvalue()
+
+
+def test_a_command_exit_code_reaches_the_shell():
+    """A stage that exits with a code (pt-train's 85 after a checkpoint on SIGTERM) must
+    leave the process with that code, not 0: pt-slurm requeues on it."""
+    code = textwrap.dedent(
+        """
+        import typer
+        from pt_core.cli import make_app, make_main
+        app = make_app("toy", "toy", "0")
+        @app.command()
+        def stop():
+            raise typer.Exit(85)
+        @app.command()
+        def other():
+            pass
+        make_main(app)()
+        """
+    )
+    assert _run(code, "stop").returncode == 85
+    assert _run(code, "other").returncode == 0

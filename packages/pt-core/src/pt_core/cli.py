@@ -50,7 +50,10 @@ def make_main(app: typer.Typer) -> Callable[[], None]:
     def main() -> None:
         setup_logging()
         try:
-            app(standalone_mode=False)
+            # Without standalone mode click returns, rather than raises, a typer.Exit's code.
+            code = app(standalone_mode=False)
+            if isinstance(code, int) and code:
+                sys.exit(code)
         except PtError as exc:
             report_error(exc)
             sys.exit(exc.exit_code)

@@ -84,6 +84,26 @@ def run(
 
 
 @app.command()
+def init(
+    config: Path = typer.Argument(..., help="Training config (YAML)."),
+    overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
+    out: Path = typer.Option(
+        None, "--out", "-o", help="Directory to write (default: RUN_DIR/inference/step-0)."
+    ),
+) -> None:
+    """Write the model a run starts from (step 0, untrained for model.init) as an inference
+    checkpoint, to evaluate it beside the trained ones."""
+    from pt_train.config import load_train_config
+    from pt_train.model import save_initial_model
+
+    cfg = load_train_config(config, split_overrides(overrides))
+    target = out if out is not None else cfg.run_dir / "inference" / "step-0"
+    with _stdout_to_stderr():
+        path = save_initial_model(cfg, target)
+    emit_manifest("checkpoint", path, step=0, loss=None)
+
+
+@app.command()
 def check(
     config: Path = typer.Argument(..., help="Training config (YAML)."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),

@@ -114,3 +114,27 @@ def load_model(model_cfg, tokenizer, *, dtype, seed: int):
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
     return model
+
+
+def save_initial_model(cfg, out_dir):
+    """Write the model a run of ``cfg`` starts from (same seed, same weights as step 0 of
+    ``pt-train run``) as an inference checkpoint: safetensors, config, tokenizer,
+    generation config. Used to evaluate the untrained model beside the trained ones."""
+    from pathlib import Path
+
+    import torch
+
+    from pt_core.files import atomic_path, atomic_write_json
+
+    tokenizer = load_tokenizer(cfg.model.tokenizer_path)
+    model = load_model(cfg.model, tokenizer, dtype=torch.float32, seed=cfg.training.seed)
+    model.config.use_cache = True
+    out = Path(out_dir)
+    with atomic_path(out) as tmp:
+        tmp.mkdir()
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(str(tmp))
+        atomic_write_json(tmp / "pt_train.json", {"step": 0})
+    return out
