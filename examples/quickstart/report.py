@@ -72,7 +72,7 @@ def main() -> None:
             f"{100 * s['accuracy']:.1f}%",
             *[f"{100 * s['pass@k'][k]:.1f}%" for k in pass_keys],
             f"{100 * s.get('maj@n', 0.0):.1f}%",
-            str(s.get("counts", {}).get("no_answer", "")),
+            str(s.get("no_answer", "")),
         )
     console.print(table)
     runs = {
