@@ -198,6 +198,14 @@ def child(which: str, workdir: Path, steps: int, threads: int) -> None:
     print(json.dumps(result))
 
 
+def build_deepspeed_cpu_ops() -> None:
+    """Build DeepSpeed's CPU shared-memory op before measuring: its first build runs a C++
+    compiler under pt-train, whose memory would otherwise count as pt-train's peak."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)
+
+
 def measure(which: str, workdir: Path, steps: int, threads: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     env.setdefault("DS_ACCELERATOR", "cpu")
@@ -232,6 +240,7 @@ def main() -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="train-vs-trl-"))
     workdir.mkdir(parents=True, exist_ok=True)
     setup = prepare(workdir, args.steps)  # the same data for both, made fresh every time
+    build_deepspeed_cpu_ops()
     trl = measure("trl", workdir, args.steps, args.threads)
     pt = measure("pt-train", workdir, args.steps, args.threads)
     ratio = pt["tokens_per_s"] / trl["tokens_per_s"]
