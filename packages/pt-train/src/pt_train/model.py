@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pt_core.log import get_logger
+
+log = get_logger(__name__)
+
 
 def build_llama(
     tokenizer,
@@ -67,9 +71,10 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_model(model_cfg, tokenizer, *, dtype, seed: int):
+def load_model(model_cfg, tokenizer, *, dtype, seed: int, fused_ops: bool = False):
     """The model of ``model_cfg`` (a ``pt_train.config.ModelConfig``): pretrained weights
-    from ``name_or_path``, or random weights from ``init`` seeded with ``seed``."""
+    from ``name_or_path``, or random weights from ``init`` seeded with ``seed``; with
+    ``fused_ops``, the memory-lean MLP and RMSNorm of :mod:`pt_train.fused` for training."""
     from transformers import AutoModelForCausalLM
 
     from pt_core.errors import ConfigError
@@ -113,6 +118,11 @@ def load_model(model_cfg, tokenizer, *, dtype, seed: int):
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+    if fused_ops:
+        from pt_train.fused import apply_fused_ops
+
+        counts = apply_fused_ops(model)
+        log.info("fused ops: %d MLP and %d RMSNorm modules", counts["mlp"], counts["rms_norm"])
     return model
 
 
