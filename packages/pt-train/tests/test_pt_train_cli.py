@@ -152,6 +152,38 @@ def test_sigterm_then_rerun_ends_with_the_weights_of_an_uninterrupted_run(workdi
     assert all(torch.equal(ref[k], got[k]) for k in ref)
 
 
+def _stop_after(proc, metrics: Path, steps: int) -> None:
+    """SIGTERM ``proc`` once ``metrics`` has ``steps`` lines; wait for its requeue exit."""
+    while proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.01)
+    code, _, err = finish(proc)
+    assert code == REQUEUE_EXIT_CODE, err
+
+
+def test_plain_and_deepspeed_engines_resume_each_other_bit_for_bit(workdir, reference):
+    """One process at ZeRO stage 0 trains without DeepSpeed (pt_train.engine); the same
+    run under DeepSpeed's engine does the same arithmetic, and either resumes the
+    other's checkpoints: plain, then DeepSpeed, then plain again ends where the
+    reference (plain throughout) ends."""
+    run_dir = workdir / "runs" / "engines"
+    args = ("run", workdir / "train.yaml", "run_name=engines")
+    latest = run_dir / "checkpoints" / "latest"
+    _stop_after(pt_train(*args), run_dir / "metrics.jsonl", 4)
+    first = latest.read_text().strip()
+    assert (run_dir / "checkpoints" / first / "plain" / "state.pt").exists()
+    _stop_after(pt_train(*args, "deepspeed.engine=deepspeed"), run_dir / "metrics.jsonl", 10)
+    second = latest.read_text().strip()
+    assert second != first and (run_dir / "checkpoints" / second / "ds").is_dir()
+    code, out, err = finish(pt_train(*args))
+    assert code == 0, err
+    assert losses(run_dir) == losses(reference)
+    ref, got = weights(reference), weights(run_dir)
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
+
+
 def test_kill_9_during_a_save_resumes_from_the_previous_complete_checkpoint(workdir, reference):
     """A save writes under checkpoints/.tmp-step-N and moves `latest` last: killed
     in between, the run restarts from the checkpoint `latest` still names."""

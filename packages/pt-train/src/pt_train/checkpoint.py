@@ -3,6 +3,7 @@
 Full checkpoint layout::
 
     checkpoints/step-N/ds/...            DeepSpeed: model, optimizer (ZeRO partitions)
+    checkpoints/step-N/plain/state.pt    or, without DeepSpeed (pt_train.engine): both
     checkpoints/step-N/rng-rank{r}.pt    python/numpy/torch RNG states of each rank
     checkpoints/step-N/trainer_state.json   step, counters, config hash
     checkpoints/latest                   "step-N", written last
@@ -27,11 +28,11 @@ import torch
 from pt_core.files import atomic_path, atomic_write_json, atomic_write_text
 from pt_core.log import get_logger
 from pt_train.distributed import DistEnv, barrier
+from pt_train.engine import load_engine, save_engine
 
 log = get_logger(__name__)
 
 LATEST = "latest"
-DS_TAG = "ds"
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -87,7 +88,7 @@ def save_full(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    engine.save_checkpoint(str(tmp), tag=DS_TAG, save_latest=False)
+    save_engine(engine, tmp)
     torch.save(rng_state(), tmp / f"rng-rank{env.rank}.pt")
     if env.is_main:
         (tmp / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}))
@@ -120,13 +121,9 @@ def _prune(root: Path, keep: int, protect: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def load_full(engine, path: Path, env: DistEnv) -> dict:
+def load_full(engine, path: Path, env: DistEnv, zero_stage: int) -> dict:
     """Restore model, optimizer and this rank's RNG; return the trainer state."""
-    loaded, _ = engine.load_checkpoint(
-        str(path), tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
-    )
-    if loaded is None:
-        raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")
+    load_engine(engine, path, zero_stage)
     rng_file = path / f"rng-rank{env.rank}.pt"
     if rng_file.exists():
         set_rng_state(torch.load(rng_file, weights_only=False))

@@ -44,6 +44,9 @@ class ModelConfig(Section):
     tokenizer: str | None = None  # defaults to name_or_path / init.tokenizer
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     gradient_checkpointing: bool = False
+    # Memory-lean SwiGLU MLP and RMSNorm for Llama/Mistral/Qwen2/Qwen3 (pt_train.fused);
+    # not applied under ZeRO-3.
+    fused_ops: bool = True
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -117,6 +120,9 @@ class DeepSpeedSection(Section):
     offload_optimizer: bool = False
     offload_param: bool = False
     raw: dict[str, Any] = Field(default_factory=dict)  # merged last into the DeepSpeed JSON
+    # auto: plain PyTorch where DeepSpeed would only wrap the model (one process, stage 0,
+    # fp32, no offload, no raw keys; see pt_train.engine); deepspeed: DeepSpeed always.
+    engine: Literal["auto", "deepspeed"] = "auto"
 
     @model_validator(mode="after")
     def _offload_needs_zero(self):
@@ -170,6 +176,7 @@ RESUME_FREE_KEYS = (
     "training.logging_steps",
     "training.max_consecutive_nan",
     "launcher",
+    "deepspeed.engine",
     "logging",
     "slurm",
     "output_dir",

@@ -39,6 +39,7 @@ from pt_train import checkpoint as ckpt
 from pt_train.config import TrainConfig, batch_layout, changed_keys
 from pt_train.data import StepSampler, collate, count_tokens, load_rows
 from pt_train.distributed import DistEnv, all_reduce_sum, barrier, init_distributed
+from pt_train.engine import PlainEngine, use_plain_engine
 from pt_train.losses import LOSSES, shift_targets
 from pt_train.metrics import MetricsWriter, peak_flops, peak_memory_gb, training_flops_per_token
 from pt_train.model import load_model, load_tokenizer
@@ -147,7 +148,7 @@ class Trainer:
         self.nonfinite = NonFiniteLoss(cfg.training.max_consecutive_nan)
         latest = ckpt.latest_checkpoint(self.run_dir)
         if latest is not None:
-            state = ckpt.load_full(self.engine, latest, self.env)
+            state = ckpt.load_full(self.engine, latest, self.env, self.zero_stage)
             self.step = state["step"]
             self.trained_tokens = state["trained_tokens"]
             self.nonfinite.consecutive = state["consecutive_nonfinite"]
@@ -184,12 +185,12 @@ class Trainer:
         barrier()
 
     def _build_engine(self) -> None:
-        if self.device.type == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        import deepspeed
-
         cfg = self.cfg
-        model = load_model(cfg.model, self.tokenizer, dtype=torch.float32, seed=cfg.training.seed)
+        # ZeRO-3 gathers a weight only when its own module runs; the fused MLP reads three.
+        fused = cfg.model.fused_ops and cfg.deepspeed.zero_stage < 3
+        model = load_model(
+            cfg.model, self.tokenizer, dtype=torch.float32, seed=cfg.training.seed, fused_ops=fused
+        )
         decay, no_decay = [], []
         for p in model.parameters():
             if p.requires_grad:
@@ -204,12 +205,20 @@ class Trainer:
             betas=(t.adam_beta1, t.adam_beta2),
             eps=t.adam_epsilon,
         )
+        self.zero_stage = cfg.deepspeed.zero_stage
+        self.model_dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.ds_config = deepspeed_config(cfg, self.grad_accum, self.bf16)
+        if use_plain_engine(cfg, self.env.world_size, self.bf16):
+            self.engine = PlainEngine(model.to(self.device), optimizer, self.grad_accum)
+            self.optimizer = optimizer
+            return
+        if self.device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.ds_config
         )
-        self.zero_stage = cfg.deepspeed.zero_stage
-        self.model_dtype = torch.bfloat16 if self.bf16 else torch.float32
 
     # ------------------------------------------------------------------ one step
 
