@@ -1,14 +1,20 @@
 """pt-train vs TRL's SFTTrainer: the same tiny Llama, data and batch, on CPU.
 
-    uv run --no-sync python bench/train_vs_trl.py [--steps 40] [--threads 2]
+    uv run --no-sync python bench/train_vs_trl.py [--steps 40] [--threads 2] [--repeats 3]
 
 Both train a randomly initialised Llama (hidden 256, 4 layers, head_dim 64) on
 the same synthetic arithmetic conversations, tokenized once with pt-data's
 ``tokenize_conversation`` (assistant-only loss), packed into rows of at most
 256 tokens, 8 rows per step, for 40 steps. Each trainer runs in its own
-subprocess so its peak RSS is its own. Throughput is non-padding tokens per
-second of the training steps after the first (warm-up) one, measured the same
-way for both: the wall time of each optimizer step and the tokens it consumed.
+process: TRL in a child of this script, pt-train as its CLI (``pt-train run``).
+Throughput is non-padding tokens per second of the training steps after the
+first (warm-up) one, measured the same way for both: the wall time of each
+optimizer step and the tokens it consumed. Peak RSS is measured the same way
+for both too: the kernel's maximum resident set of the process over its whole
+life, start-up and exit included, read by this script when it reaps it. It
+varies by a few percent from run to run (thread timing changes how the
+C allocator fragments), so each trainer runs ``--repeats`` times, alternating
+TRL and pt-train, and the table shows the median of each and every run's value.
 
 Prints one table on stderr and one JSON line on stdout with the figures.
 """
@@ -19,7 +25,9 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -146,7 +154,7 @@ def run_trl(workdir: Path, steps: int) -> dict:
     return {"step_times": step_times, "step_tokens": step_tokens}
 
 
-def run_pt_train(workdir: Path, steps: int) -> dict:
+def write_pt_train_config(workdir: Path, steps: int) -> Path:
     import yaml
 
     config = {
@@ -166,96 +174,123 @@ def run_pt_train(workdir: Path, steps: int) -> dict:
         },
         "deepspeed": {"zero_stage": 0},
     }
-    (workdir / "pt-train.yaml").write_text(yaml.safe_dump(config))
-    shutil.rmtree(workdir / "runs" / "pt-train", ignore_errors=True)  # train, not resume
-    bindir = os.path.dirname(sys.executable)
-    proc = subprocess.run(
-        [os.path.join(bindir, "pt-train"), "-q", "run", str(workdir / "pt-train.yaml")],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"pt-train failed:\n{proc.stderr}")
-    metrics = workdir / "runs" / "pt-train" / "metrics.jsonl"
-    records = [json.loads(x) for x in metrics.read_text().splitlines()]
-    return {
-        "step_times": [r["step_time_s"] for r in records],
-        "step_tokens": [r["tokens"] for r in records],
-    }
+    path = workdir / "pt-train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
-def child(which: str, workdir: Path, steps: int, threads: int) -> None:
-    import resource
-
+def child_trl(workdir: Path, steps: int, threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    result = (run_trl if which == "trl" else run_pt_train)(workdir, steps)
-    # pt-train trains in its own subprocess (the CLI); count that process's peak
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    result["peak_rss_mb"] = (kids if which == "pt-train" else own) / 1024
+    result = run_trl(workdir, steps)
+    result["training_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result))
 
 
-def build_deepspeed_cpu_ops() -> None:
-    """Build DeepSpeed's CPU shared-memory op before measuring: its first build runs a C++
-    compiler under pt-train, whose memory would otherwise count as pt-train's peak."""
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)
+def run_measured(cmd: list[str], env: dict) -> tuple[int, str, str, float]:
+    """Run ``cmd``; return its exit code, stdout, stderr and peak RSS in MB: the largest
+    resident set of the process (or of any process it waited for) over its whole life,
+    start-up and exit included, as the kernel reports it to the parent (wait4)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read(), err.read(), usage.ru_maxrss / 1024
 
 
 def measure(which: str, workdir: Path, steps: int, threads: int) -> dict:
+    """One run of one trainer in its own process: per-step times and tokens, peak RSS."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("CUDA_VISIBLE_DEVICES", "")
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", which, "--workdir", str(workdir),
-         "--steps", str(steps), "--threads", str(threads)],
-        capture_output=True, text=True, env=env,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise RuntimeError(f"{which} failed:\n{proc.stderr[-4000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if which == "trl":
+        cmd = [sys.executable, __file__, "--child", "trl", "--workdir", str(workdir),
+               "--steps", str(steps), "--threads", str(threads)]  # fmt: skip
+    else:
+        config = write_pt_train_config(workdir, steps)
+        shutil.rmtree(workdir / "runs" / "pt-train", ignore_errors=True)  # train, not resume
+        cmd = [os.path.join(os.path.dirname(sys.executable), "pt-train"), "-q", "run", str(config)]
+    code, out, err, peak = run_measured(cmd, env)
+    if code != 0:
+        raise RuntimeError(f"{which} failed:\n{err[-4000:]}")
+    if which == "trl":
+        result = json.loads(out.strip().splitlines()[-1])
+    else:
+        metrics = workdir / "runs" / "pt-train" / "metrics.jsonl"
+        records = [json.loads(x) for x in metrics.read_text().splitlines()]
+        result = {
+            "step_times": [r["step_time_s"] for r in records],
+            "step_tokens": [r["tokens"] for r in records],
+            # ru_maxrss of the process, logged after every step (the final saves excluded)
+            "training_peak_rss_mb": max(r["peak_memory_gb"] for r in records) * 1024,
+        }
     times, tokens = result["step_times"][1:], result["step_tokens"][1:]
     result["tokens_per_s"] = sum(tokens) / sum(times)
     result["steps"] = len(result["step_times"])
     result["tokens"] = sum(result["step_tokens"])
+    result["peak_rss_mb"] = peak
     return result
+
+
+def summarise(results: list[dict]) -> dict:
+    """The median tokens/s and peak RSS of repeated runs, and every run's values."""
+    return {
+        "steps": results[0]["steps"],
+        "tokens": results[0]["tokens"],
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in results),
+        "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in results),
+        "training_peak_rss_mb": statistics.median(r["training_peak_rss_mb"] for r in results),
+        "all_tokens_per_s": [r["tokens_per_s"] for r in results],
+        "all_peak_rss_mb": [r["peak_rss_mb"] for r in results],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each trainer")
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--child", choices=["trl", "pt-train"], default=None)
+    parser.add_argument("--child", choices=["trl"], default=None)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.workdir, args.steps, args.threads)
+        child_trl(args.workdir, args.steps, args.threads)
         return
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="train-vs-trl-"))
     workdir.mkdir(parents=True, exist_ok=True)
     setup = prepare(workdir, args.steps)  # the same data for both, made fresh every time
-    build_deepspeed_cpu_ops()
-    trl = measure("trl", workdir, args.steps, args.threads)
-    pt = measure("pt-train", workdir, args.steps, args.threads)
+    runs: dict[str, list[dict]] = {"trl": [], "pt-train": []}
+    for _ in range(args.repeats):
+        for which in runs:
+            runs[which].append(measure(which, workdir, args.steps, args.threads))
+    trl, pt = summarise(runs["trl"]), summarise(runs["pt-train"])
     ratio = pt["tokens_per_s"] / trl["tokens_per_s"]
     lines = [
         f"model: Llama hidden {HIDDEN}, {LAYERS} layers, {setup['params'] / 1e6:.2f}M params; "
         f"seq len {SEQ_LEN}, micro-batch {MICRO_BATCH}, packing, assistant-only loss, "
-        f"{args.steps} steps, {args.threads} threads",
-        f"{'':10} {'steps':>6} {'tokens':>8} {'tokens/s':>10} {'peak RSS MB':>12}",
+        f"{args.steps} steps, {args.threads} threads, median of {args.repeats} runs each",
+        f"{'':10} {'steps':>6} {'tokens':>8} {'tokens/s':>10} {'peak RSS MB':>12}   every run",
     ]
     for name, r in (("TRL", trl), ("pt-train", pt)):
+        every = ", ".join(
+            f"{t:.0f} tok/s {m:.0f} MB"
+            for t, m in zip(r["all_tokens_per_s"], r["all_peak_rss_mb"], strict=True)
+        )
         lines.append(
             f"{name:10} {r['steps']:>6} {r['tokens']:>8} {r['tokens_per_s']:>10.0f} "
-            f"{r['peak_rss_mb']:>12.0f}"
+            f"{r['peak_rss_mb']:>12.0f}   {every}"
         )
     lines.append(f"ratio pt-train / TRL tokens/s: {ratio:.2f}")
+    lines.append(f"ratio pt-train / TRL peak RSS: {pt['peak_rss_mb'] / trl['peak_rss_mb']:.3f}")
+    lines.append(
+        f"peak RSS while training (median; each process's own reading, TRL's after "
+        f"trainer.train(), pt-train's after its last step, before its final saves): "
+        f"TRL {trl['training_peak_rss_mb']:.0f} MB, pt-train {pt['training_peak_rss_mb']:.0f} MB"
+    )
     print("\n".join(lines), file=sys.stderr)
     print(
         json.dumps(
@@ -265,6 +300,16 @@ def main() -> None:
                 "ratio": round(ratio, 3),
                 "trl_peak_rss_mb": round(trl["peak_rss_mb"], 1),
                 "pt_train_peak_rss_mb": round(pt["peak_rss_mb"], 1),
+                "trl_training_peak_rss_mb": round(trl["training_peak_rss_mb"], 1),
+                "pt_train_training_peak_rss_mb": round(pt["training_peak_rss_mb"], 1),
+                "trl_runs": [
+                    [round(t), round(m)]
+                    for t, m in zip(trl["all_tokens_per_s"], trl["all_peak_rss_mb"], strict=True)
+                ],
+                "pt_train_runs": [
+                    [round(t), round(m)]
+                    for t, m in zip(pt["all_tokens_per_s"], pt["all_peak_rss_mb"], strict=True)
+                ],
                 "workdir": str(workdir),
             }
         )

@@ -167,7 +167,30 @@ def main() -> None:
     # The deepspeed launcher puts --local_rank=N before the command; the rank is also in
     # the LOCAL_RANK environment variable, which is what pt-train reads.
     sys.argv = [a for a in sys.argv if not a.startswith(("--local_rank=", "--local-rank="))]
-    _main()
+    try:
+        _main()
+        code = 0
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    _exit_without_teardown(code)
+
+
+def _exit_without_teardown(code: int) -> None:
+    """End the process without running the C++ static destructors of torch's CUDA
+    libraries: at exit they page in about 130 MB and take up to half a second, even on
+    a CPU-only run (``import torch`` alone peaks at 735 MB on exit against 606 MB before
+    it). Python's exit handlers run and every stream is flushed first; nothing pt-train
+    writes is left open (files are written to a temporary path and renamed)."""
+    import atexit
+    import logging
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
