@@ -125,18 +125,27 @@ def test_manifest_is_the_only_stdout_line_and_the_run_dir_is_complete(reference)
     assert records[-1]["loss"] < records[0]["loss"]
 
 
-def test_sigterm_then_rerun_ends_with_the_weights_of_an_uninterrupted_run(workdir, reference):
-    stop_after = random.randint(2, STEPS // 2)
-    run_dir = workdir / "runs" / "sigterm"
-    proc = pt_train("run", workdir / "train.yaml", "run_name=sigterm")
-    metrics = run_dir / "metrics.jsonl"
+def _stop_after(proc, metrics: Path, steps: int) -> str:
+    """SIGTERM ``proc`` once ``metrics`` has ``steps`` lines; check that it exits with the
+    requeue code and return its stdout."""
     while proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= stop_after:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
             proc.send_signal(signal.SIGTERM)
             break
         time.sleep(0.01)
     code, out, err = finish(proc)
     assert code == REQUEUE_EXIT_CODE, err
+    return out
+
+
+def test_sigterm_then_rerun_ends_with_the_weights_of_an_uninterrupted_run(workdir, reference):
+    stop_after = random.randint(2, STEPS // 2)
+    run_dir = workdir / "runs" / "sigterm"
+    out = _stop_after(
+        pt_train("run", workdir / "train.yaml", "run_name=sigterm"),
+        run_dir / "metrics.jsonl",
+        stop_after,
+    )
     assert out == ""  # no manifest: the run is not finished
     stopped_at = int((run_dir / "checkpoints" / "latest").read_text().strip().split("-")[1])
     assert stop_after <= stopped_at < STEPS, "the signal should land mid-run"
@@ -150,17 +159,6 @@ def test_sigterm_then_rerun_ends_with_the_weights_of_an_uninterrupted_run(workdi
     got = weights(run_dir)
     assert ref.keys() == got.keys()
     assert all(torch.equal(ref[k], got[k]) for k in ref)
-
-
-def _stop_after(proc, metrics: Path, steps: int) -> None:
-    """SIGTERM ``proc`` once ``metrics`` has ``steps`` lines; wait for its requeue exit."""
-    while proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
-            proc.send_signal(signal.SIGTERM)
-            break
-        time.sleep(0.01)
-    code, _, err = finish(proc)
-    assert code == REQUEUE_EXIT_CODE, err
 
 
 def test_plain_and_deepspeed_engines_resume_each_other_bit_for_bit(workdir, reference):

@@ -107,3 +107,32 @@ def test_modules_it_does_not_know_are_left_alone():
     model = nn.ModuleList([mlp_with_bias, gelu_mlp, OtherRMSNorm(8), nn.LayerNorm(8)])
     assert apply_fused_ops(model) == {"mlp": 0, "rms_norm": 0}
     assert all("forward" not in vars(m) for m in model)
+
+
+def test_bf16_mlp_is_as_accurate_as_the_llama_mlp(monkeypatch):
+    """In bf16 both differ from an fp64 reference by rounding; the chunked backward adds
+    its weight gradients up in fp32, so its error stays that of the module it replaces."""
+    monkeypatch.setattr(fused, "CHUNK_ELEMENTS", 176 * 64)
+    monkeypatch.setattr(fused, "MIN_CHUNK_ROWS", 64)  # 16 chunks over 1,000 tokens
+    torch.manual_seed(0)
+    reference = LlamaMLP(_config()).double()
+    hf = copy.deepcopy(reference).to(torch.bfloat16)
+    lean = copy.deepcopy(hf)
+    apply_fused_ops(lean)
+    x = torch.randn(1000, 64, dtype=torch.float64)
+    grad_out = torch.randn(1000, 64, dtype=torch.float64)
+    exact = _grads(reference, x, grad_out)
+    for name, module in (("hf", hf), ("fused", lean)):
+        results = _grads(module, x.bfloat16(), grad_out.bfloat16())
+        errors = [
+            (got.double() - want).abs().max().item()
+            for got, want in zip(
+                [results[0], results[1], *results[2].values()],
+                [exact[0], exact[1], *exact[2].values()],
+                strict=True,
+            )
+        ]
+        if name == "hf":
+            hf_errors = errors
+    for err, hf_err in zip(errors, hf_errors, strict=True):
+        assert err <= 2 * hf_err + 1e-3

@@ -61,27 +61,42 @@ class SwiGLUMLPFunction(torch.autograd.Function):
         gy2 = grad_y.reshape(-1, hidden)
         rows = x2.shape[0]
         grad_x = torch.empty_like(x2)
-        grad_gate = torch.zeros_like(w_gate)
-        grad_up = torch.zeros_like(w_up)
-        grad_down = torch.zeros_like(w_down)
+        # Weight gradients add up over the chunks in fp32 when the weights are 16-bit.
+        acc = torch.promote_types(w_gate.dtype, torch.float32)
+        grad_gate, grad_up, grad_down = (
+            torch.zeros(w.shape, dtype=acc, device=w.device) for w in (w_gate, w_up, w_down)
+        )
         step = max(MIN_CHUNK_ROWS, CHUNK_ELEMENTS // inter)
         for start in range(0, rows, step):
             sl = slice(start, start + step)
             a_c, b_c, gy_c, x_c = a2[sl], b2[sl], gy2[sl], x2[sl]
             sig = torch.sigmoid(a_c)
             silu = a_c * sig
-            grad_down.addmm_(gy_c.t(), silu * b_c)  # dL/dWd = gy^T h
+            _accumulate(grad_down, gy_c.t(), silu * b_c)  # dL/dWd = gy^T h
             grad_h = gy_c @ w_down  # (chunk, inter)
             grad_b = silu.mul_(grad_h)  # dL/db = gh * silu(a); silu is not needed again
             # dL/da = gh * b * silu'(a), silu'(a) = sig * (1 + a * (1 - sig))
             dsilu = torch.sub(1, sig).mul_(a_c).add_(1).mul_(sig)
             grad_a = grad_h.mul_(b_c).mul_(dsilu)
             del sig, dsilu
-            grad_gate.addmm_(grad_a.t(), x_c)
-            grad_up.addmm_(grad_b.t(), x_c)
+            _accumulate(grad_gate, grad_a.t(), x_c)
+            _accumulate(grad_up, grad_b.t(), x_c)
             torch.mm(grad_a, w_gate, out=grad_x[sl])
             grad_x[sl].addmm_(grad_b, w_up)
-        return grad_x.view_as(x), grad_gate, grad_up, grad_down
+        return (
+            grad_x.view_as(x),
+            grad_gate.to(w_gate.dtype),
+            grad_up.to(w_up.dtype),
+            grad_down.to(w_down.dtype),
+        )
+
+
+def _accumulate(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``out += a @ b``, in place; the product is formed in a and b's dtype."""
+    if out.dtype == a.dtype:
+        out.addmm_(a, b)
+    else:
+        out.add_(a @ b)
 
 
 class RMSNormFunction(torch.autograd.Function):
