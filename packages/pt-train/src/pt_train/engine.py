@@ -71,57 +71,52 @@ class PlainEngine:
     def get_global_grad_norm(self) -> None:
         return None  # stage 0: the trainer clips and reports the norm itself
 
-    def state_dict(self) -> dict:
-        return {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.module.load_state_dict(state["module"])
-        self.optimizer.load_state_dict(state["optimizer"])
-
 
 def save_engine(engine, directory: Path) -> None:
     """Write the model and optimizer state into ``directory`` (a checkpoint being built)."""
     if isinstance(engine, PlainEngine):
         (directory / PLAIN_TAG).mkdir()
-        torch.save(engine.state_dict(), directory / PLAIN_TAG / PLAIN_FILE)
+        state = {"module": engine.module.state_dict(), "optimizer": engine.optimizer.state_dict()}
+        torch.save(state, directory / PLAIN_TAG / PLAIN_FILE)
     else:
         engine.save_checkpoint(str(directory), tag=DS_TAG, save_latest=False)
 
 
 def load_engine(engine, directory: Path, zero_stage: int) -> None:
-    """Restore what :func:`save_engine` wrote, into either engine where the layout allows."""
+    """Restore what :func:`save_engine` wrote, into either engine where the layout allows.
+
+    At stage 0 both engines hold the module and the torch optimizer as they are, so a
+    plain checkpoint and DeepSpeed's stage-0 file restore into either one the same way.
+    """
     plain = directory / PLAIN_TAG / PLAIN_FILE
     ds_dir = directory / DS_TAG
-    if plain.exists():
-        state = torch.load(plain, map_location="cpu", weights_only=False)
-        if isinstance(engine, PlainEngine):
-            engine.load_state_dict(state)
-            return
-        if zero_stage != 0:
-            raise InputError(
-                f"{directory} was written by a single-process stage-0 run; it resumes under "
-                f"ZeRO stage 0 only (deepspeed.zero_stage is {zero_stage})",
-                hint="resume with deepspeed.zero_stage=0",
-            )
-        # DeepSpeed at stage 0 keeps the module and the torch optimizer as they are.
-        engine.module.load_state_dict(state["module"])
-        engine.optimizer.load_state_dict(state["optimizer"])
-        return
-    if not ds_dir.exists():
+    if not plain.exists() and not ds_dir.exists():
         raise InputError(f"{directory} holds no model state (neither {PLAIN_TAG}/ nor {DS_TAG}/)")
-    if not isinstance(engine, PlainEngine):
+    if not plain.exists() and not isinstance(engine, PlainEngine):
         loaded, _ = engine.load_checkpoint(
             str(directory), tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
         )
         if loaded is None:
             raise InputError(f"DeepSpeed could not load the checkpoint in {directory}")
         return
-    stage0 = ds_dir / DS_STAGE0_FILE
-    state = torch.load(stage0, map_location="cpu", weights_only=False) if stage0.exists() else {}
-    if not state.get("optimizer"):
-        raise InputError(
-            f"{ds_dir} is a partitioned (ZeRO stage 1-3) DeepSpeed checkpoint; a single "
-            "process at stage 0 cannot resume it",
-            hint="resume with the run's deepspeed.zero_stage, or with deepspeed.engine=deepspeed",
+    if plain.exists():
+        if zero_stage != 0:
+            raise InputError(
+                f"{directory} was written by a single-process stage-0 run; it resumes under "
+                f"ZeRO stage 0 only (deepspeed.zero_stage is {zero_stage})",
+                hint="resume with deepspeed.zero_stage=0",
+            )
+        state = torch.load(plain, map_location="cpu", weights_only=False)
+    else:
+        stage0 = ds_dir / DS_STAGE0_FILE
+        state = (
+            torch.load(stage0, map_location="cpu", weights_only=False) if stage0.exists() else {}
         )
-    engine.load_state_dict(state)
+        if not state.get("optimizer"):
+            raise InputError(
+                f"{ds_dir} is a partitioned (ZeRO stage 1-3) DeepSpeed checkpoint; a single "
+                "process at stage 0 cannot resume it",
+                hint="resume with the run's deepspeed.zero_stage, or with deepspeed.engine=deepspeed",
+            )
+    engine.module.load_state_dict(state["module"])
+    engine.optimizer.load_state_dict(state["optimizer"])

@@ -207,7 +207,6 @@ class Trainer:
         )
         self.zero_stage = cfg.deepspeed.zero_stage
         self.model_dtype = torch.bfloat16 if self.bf16 else torch.float32
-        self.ds_config = deepspeed_config(cfg, self.grad_accum, self.bf16)
         if use_plain_engine(cfg, self.env.world_size, self.bf16):
             self.engine = PlainEngine(model.to(self.device), optimizer, self.grad_accum)
             self.optimizer = optimizer
@@ -217,7 +216,9 @@ class Trainer:
         import deepspeed
 
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=self.ds_config
+            model=model,
+            optimizer=optimizer,
+            config=deepspeed_config(cfg, self.grad_accum, self.bf16),
         )
 
     # ------------------------------------------------------------------ one step
