@@ -182,16 +182,26 @@ def validate(
 def _describe(
     err: dict, schema: type[BaseModel], data: dict, source: str, lines, overridden
 ) -> str:
-    loc = tuple(
+    raw = tuple(
         p
         for p in err["loc"]
         if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))
     )
+    loc = _without_tags(schema, raw)  # the keys as written; ``raw`` walks the schema
     dotted = ".".join(map(str, loc)) or "<top level>"
     where = _where(loc, source, lines, overridden)
     kind = err["type"]
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        ctx = err.get("ctx", {})
+        key = ctx.get("discriminator", "'name'").strip("'")
+        expected = ctx.get("expected_tags") or ", ".join(map(repr, _tags(_model_at(schema, raw))))
+        given = f"{key} {ctx['tag']!r} is not known" if "tag" in ctx else f"no {key!r} is given"
+        return (
+            f"{where}: {dotted!r}: {given}; expected one of {expected}"
+            f"\n  fix: set {dotted}.{key} to one of {expected}"
+        )
     if kind == "extra_forbidden":
-        valid = _valid_keys(schema, loc[:-1])
+        valid = _valid_keys(schema, raw[:-1])
         close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
         level = ".".join(map(str, loc[:-1])) or "the top level"
         msg = f"{where}: unknown key {dotted!r}; valid keys at {level}: {', '.join(valid)}"
@@ -201,7 +211,7 @@ def _describe(
     if kind == "missing":
         return f"{where}: missing required key {dotted!r}\n  fix: add it to the config or pass {dotted}=..."
     value = err.get("input")
-    expected = _expected_type(schema, loc) or err["msg"]
+    expected = _expected_type(schema, raw) or err["msg"]
     shown = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
     if len(shown) > 80:
         shown = shown[:77] + "..."
@@ -218,10 +228,18 @@ def _where(loc: tuple, source: str, lines, overridden) -> str:
 
 
 def _model_at(schema: Any, loc: tuple) -> Any:
-    """Follow a location through nested models, lists and dicts to the annotation there."""
+    """Follow a location through nested models, lists and dicts to the annotation there.
+    A tagged union (``objective: {name: dpo, ...}``) is followed into the member whose
+    tag is the next part of ``loc`` when pydantic put the tag there, else left as is."""
     node: Any = schema
     for part in loc:
         node = _unwrap(node)
+        members = _tagged_members(node)
+        if members and str(part) not in members:
+            return None
+        if members:
+            node = members[str(part)]
+            continue
         if isinstance(node, type) and issubclass(node, BaseModel):
             field = node.model_fields.get(str(part))
             if field is None:
@@ -234,6 +252,37 @@ def _model_at(schema: Any, loc: tuple) -> Any:
         else:
             return None
     return _unwrap(node)
+
+
+def _tagged_members(node: Any) -> dict[str, type[BaseModel]]:
+    """The members of a union of models told apart by a literal ``name`` (their tags)."""
+    if typing.get_origin(node) not in (typing.Union, types.UnionType):
+        return {}
+    out = {}
+    for member in typing.get_args(node):
+        if not (isinstance(member, type) and issubclass(member, BaseModel)):
+            return {}
+        field = member.model_fields.get("name")
+        if field is None or typing.get_origin(field.annotation) is not typing.Literal:
+            return {}
+        for tag in typing.get_args(field.annotation):
+            out[str(tag)] = member
+    return out
+
+
+def _tags(node: Any) -> list[str]:
+    return list(_tagged_members(_unwrap(node) if node is not None else None))
+
+
+def _without_tags(schema: Any, loc: tuple) -> tuple:
+    """``loc`` as the user wrote the keys: the union tags pydantic inserts are dropped."""
+    out = []
+    for i, part in enumerate(loc):
+        node = _model_at(schema, loc[:i])
+        if _tagged_members(_unwrap(node) if node is not None else None):
+            continue
+        out.append(part)
+    return tuple(out)
 
 
 def _unwrap(annotation: Any) -> Any:
