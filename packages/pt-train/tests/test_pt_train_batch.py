@@ -1,36 +1,90 @@
-"""The loss math, the packing mask and the data order, checked in-process against
+"""Batches, the packing mask, the token head and the data order, checked in-process against
 reference computations written out here."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
-from pt_train.data import Row, StepSampler, block_causal_mask, collate
-from pt_train.losses import dft_loss, sft_loss, shift_targets, token_nll
+from pt_train.batch import Row, block_causal_mask, collate, pack_in_order, shift_targets
+from pt_train.data import StepSampler
+from pt_train.logprobs import HeadRequest, head_outputs, install_token_head
+from pt_train.objectives.dft import dft_loss
+from pt_train.objectives.sft import sft_loss
 
 
 def test_sft_and_dft_match_hand_computed_values():
-    # One position with logits [0, ln 3] over a 2-token vocabulary: p(token 1) = 3/4.
-    logits = torch.tensor([[[0.0, math.log(3.0)], [5.0, 1.0]]])
-    targets = torch.tensor([[1, -100]])  # the second position carries no loss
+    # One trained position whose target has probability 3/4.
+    token_logps = torch.tensor([math.log(0.75)])
     nll = -math.log(0.75)
-    assert sft_loss(logits, targets).item() == pytest.approx(nll, abs=1e-6)
+    total, count, _ = sft_loss(token_logps)
+    assert (total.item(), count) == (pytest.approx(nll, abs=1e-6), 1.0)
     # DFT weights the token's cross-entropy by its (stopped-gradient) probability.
-    assert dft_loss(logits, targets).item() == pytest.approx(0.75 * nll, abs=1e-6)
+    assert dft_loss(token_logps)[0].item() == pytest.approx(0.75 * nll, abs=1e-6)
 
 
 def test_dft_gradient_is_probability_times_sft_gradient():
-    # d/dz of -sg(p) log p = sg(p) * d/dz(-log p): the gradient of SFT scaled by p.
+    # d/dz of -sg(p) log p = sg(p) * d/dz(-log p): the gradient of SFT scaled by p, here
+    # through the chunked head (3 positions per chunk) to the logits of a linear LM head.
     torch.manual_seed(0)
-    logits = torch.randn(1, 5, 7, requires_grad=True)
-    targets = torch.tensor([[3, 1, -100, 6, 0]])
-    (g_sft,) = torch.autograd.grad(sft_loss(logits, targets), logits)
-    (g_dft,) = torch.autograd.grad(dft_loss(logits, targets), logits)
-    p = torch.exp(-token_nll(logits, targets)).detach()
-    torch.testing.assert_close(g_dft, g_sft * p[..., None], atol=1e-6, rtol=1e-6)
+    hidden = torch.randn(5, 4)
+    weight = torch.randn(7, 4, requires_grad=True)
+    targets = torch.tensor([[3, 1, -100, 6, 0, 2]])
+    request = HeadRequest(targets=targets, chunk_mb=1)
+    head = lambda h: h @ weight.T  # noqa: E731
+
+    def grads(loss_fn):
+        h = hidden.clone().requires_grad_(True)
+        out = head_outputs(h, head, request, vocab=7)
+        (g,) = torch.autograd.grad(loss_fn(out.token_logps)[0], weight)
+        return g, out.token_logps.detach()
+
+    g_sft, logps = grads(sft_loss)
+    g_dft, _ = grads(dft_loss)
+    # per-token gradients: recompute them one position at a time and weight them by p
+    per_token = []
+    for i in range(5):
+        w = weight.detach().clone().requires_grad_(True)
+        logit = hidden[i] @ w.T
+        (g,) = torch.autograd.grad(-F.log_softmax(logit, -1)[targets[targets != -100][i]], w)
+        per_token.append(g)
+    torch.testing.assert_close(g_sft, sum(per_token), atol=1e-5, rtol=1e-5)
+    weighted = sum(math.exp(lp) * g for lp, g in zip(logps.tolist(), per_token, strict=True))
+    torch.testing.assert_close(g_dft, weighted, atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_head_equals_the_full_log_softmax_and_its_gradient(tiny_tokenizer):
+    """The head's log-probs and gradients, one chunk or many, are those of the model's own
+    full logits; positions with IGNORE targets are left out."""
+    from pt_train.model import build_llama
+
+    model = build_llama(tiny_tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=0)
+    install_token_head(model)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, len(tiny_tokenizer), (2, 11), generator=g)
+    labels = ids.clone()
+    labels[0, :4] = -100
+    labels[1, 7:] = -100
+    positions = torch.arange(11).expand(2, 11)
+    targets = shift_targets(labels, positions)
+    logits = model(input_ids=ids, position_ids=positions).logits[:, :-1].double()
+    full = F.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+    want = full[targets != -100]
+    (want_grad,) = torch.autograd.grad(want.sum(), model.lm_head.weight)
+    vocab = model.lm_head.weight.shape[0]
+    three_rows = 3 * 4 * vocab / 2**20  # MiB of fp32 logits in 3 positions
+    for chunk_mb in (three_rows, 256):  # 5 chunks of 3 positions; one chunk
+        out = model(
+            input_ids=ids, position_ids=positions, head=HeadRequest(targets, chunk_mb=chunk_mb)
+        )
+        torch.testing.assert_close(out.token_logps.double(), want, atol=1e-5, rtol=0)
+        (grad,) = torch.autograd.grad(out.token_logps.sum(), model.lm_head.weight)
+        torch.testing.assert_close(grad, want_grad.float(), atol=1e-5, rtol=1e-4)
+    assert want.numel() == 13  # row 0 trains labels 4..10 (7), row 1 labels 1..6 (6)
 
 
 def test_shift_targets_never_crosses_a_packed_boundary():
@@ -53,8 +107,6 @@ def test_block_causal_mask_keeps_sequences_apart():
 
 
 def _row(ids, labels, positions=None):
-    import numpy as np
-
     positions = list(range(len(ids))) if positions is None else positions
     return Row(np.array(ids), np.array(labels), np.array(positions))
 
@@ -75,15 +127,12 @@ def test_packed_batch_gives_the_same_per_token_loss_as_unpacked(tiny_tokenizer, 
 
     def per_token_nll(rows):
         batch = collate(rows, tiny_tokenizer.pad_token_id, attn)
-        mask = batch["attention_mask"]
         with torch.no_grad():
-            logits = model(
-                input_ids=batch["input_ids"],
-                position_ids=batch["position_ids"],
-                attention_mask=mask,
-            ).logits
-        targets = shift_targets(batch["labels"], batch["position_ids"])
-        return token_nll(logits[:, :-1], targets), targets
+            logits = model(**batch.model_inputs("cpu", torch.float32)).logits[:, :-1]
+        nll = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1), reduction="none"
+        )
+        return nll.view(batch.targets.shape), batch.targets
 
     packed, packed_targets = per_token_nll([_row(a + b, la + lb, list(range(9)) + list(range(13)))])
     # unpacked: a batch of two rows, the shorter one padded
@@ -115,3 +164,26 @@ def test_ranks_and_micro_batches_partition_the_global_batch():
     parts = [s.micro_batches(2, rank, 2, 2) for rank in range(2)]
     assert all(len(p) == 2 and all(len(mb) == 2 for mb in p) for p in parts)
     assert sorted(i for p in parts for mb in p for i in mb) == sorted(s.global_batch(2))
+
+
+def test_collate_numbers_sequences_and_maps_trained_tokens_to_them():
+    # row 0 packs two sequences (3 + 2 tokens), row 1 holds one of 4 and padding
+    rows = [
+        _row([11, 12, 13, 21, 22], [-100, 12, 13, -100, 22], [0, 1, 2, 0, 1]),
+        _row([31, 32, 33, 34], [-100, -100, 33, 34]),
+    ]
+    batch = collate(rows, pad_token_id=0)
+    assert batch.num_sequences == 3  # the padding of row 1 is not a sequence
+    assert batch.tokens == 9
+    # trained targets in row-major order: 12, 13 (seq 0), 22 (seq 1), 33, 34 (seq 2)
+    assert batch.targets[batch.targets != -100].tolist() == [12, 13, 22, 33, 34]
+    assert batch.token_sequence.tolist() == [0, 0, 1, 2, 2]
+
+
+def test_pack_in_order_keeps_the_order_of_sequences():
+    rows = [_row([1] * n, [1] * n) for n in (3, 4, 5, 2, 9)]
+    packed = pack_in_order(rows, max_length=8)
+    # 3+4 fit in 8, 5+2 fit, 9 is longer than 8 and gets its own row
+    assert [len(r) for r in packed] == [7, 7, 9]
+    assert collate(packed, 0).num_sequences == 5
+    assert np.array_equal(packed[0].position_ids, [0, 1, 2, 0, 1, 2, 3])

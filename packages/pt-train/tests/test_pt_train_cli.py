@@ -53,8 +53,8 @@ def workdir(tmp_path_factory, tiny_tokenizer_dir):
             }
         },
         "data": {"path": str(root / "rows.jsonl")},
+        "objective": {"name": "sft"},
         "training": {
-            "loss": "sft",
             "learning_rate": 2e-3,
             "lr_schedule": "cosine",
             "warmup_steps": 3,

@@ -17,7 +17,7 @@ from pt_train.metrics import read_metrics
 from pt_train.trainer import train
 
 
-def make_config(tmp_path, tokenizer_dir, data_path, **training) -> TrainConfig:
+def make_config(tmp_path, tokenizer_dir, data_path, objective="sft", **training) -> TrainConfig:
     return TrainConfig.model_validate(
         {
             "run_name": "run",
@@ -31,6 +31,7 @@ def make_config(tmp_path, tokenizer_dir, data_path, **training) -> TrainConfig:
                 }
             },
             "data": {"path": str(data_path), "shuffle": True},
+            "objective": {"name": objective} if isinstance(objective, str) else objective,
             "training": {"seed": 0, "lr_schedule": "constant", **training},
         }
     )
@@ -58,7 +59,7 @@ def test_step_one_loss_with_lr_zero_equals_the_reference(
     row = {"input_ids": ids, "labels": labels, "position_ids": list(range(len(ids)))}
     pt_write_rows(data / "train" / "part-00000.parquet", [{**row, "seq_lens": [len(ids)]}])
     cfg = make_config(
-        tmp_path, tiny_tokenizer_dir, data, loss=loss, learning_rate=0.0,
+        tmp_path, tiny_tokenizer_dir, data, objective=loss, learning_rate=0.0,
         global_batch_size=1, micro_batch_size=1, max_steps=1,
     )  # fmt: skip
     train(cfg)
@@ -113,5 +114,9 @@ def test_eight_micro_batches_of_one_equal_one_of_eight(
     for other in ((1, False), (8, True)):
         loss, weights = runs[other]
         assert loss == pytest.approx(loss_8, abs=1e-5)
+        # The gradients agree to float32 rounding (~1e-7 relative: the layouts add the
+        # same terms in another order); AdamW divides each update by sqrt(v), which for
+        # the few weights whose gradient is near 0 turns that rounding into up to a few
+        # percent of one step of lr 1e-3.
         for name, w in weights_8.items():
-            torch.testing.assert_close(weights[name], w, atol=1e-5, rtol=0)
+            torch.testing.assert_close(weights[name], w, atol=5e-5, rtol=0)

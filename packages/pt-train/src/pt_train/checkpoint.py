@@ -145,22 +145,32 @@ def gathered_state_dict(engine, zero_stage: int) -> dict | None:
 def save_inference(
     engine, tokenizer, run_dir: Path, step: int, env: DistEnv, zero_stage: int
 ) -> Path:
-    """Write ``inference/step-N``: safetensors weights, config, tokenizer, generation config."""
+    """Write ``inference/step-N`` from the engine's model (all ranks call this)."""
     final = Path(run_dir) / "inference" / f"step-{step}"
     state = gathered_state_dict(engine, zero_stage)
     if env.is_main:
-        model = engine.module
-        with atomic_path(final) as tmp:
-            tmp.mkdir()
-            # Training turns the KV cache off; generation wants it on.
-            model.config.use_cache = True
-            try:
-                model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
-            finally:
-                model.config.use_cache = False
-            tokenizer.save_pretrained(str(tmp))
-            if getattr(model, "generation_config", None) is not None:
-                model.generation_config.save_pretrained(str(tmp))
-            atomic_write_json(tmp / "pt_train.json", {"step": step})
+        write_inference_checkpoint(engine.module, tokenizer, final, step=step, state_dict=state)
     barrier()
     return final
+
+
+def write_inference_checkpoint(
+    model, tokenizer, path: Path, *, step: int, state_dict: dict | None = None
+) -> Path:
+    """The one writer of inference checkpoints: safetensors weights, config (KV cache on),
+    tokenizer, generation config and ``pt_train.json``, written to a temporary directory
+    and renamed into place."""
+    with atomic_path(path) as tmp:
+        tmp.mkdir()
+        # Training turns the KV cache off; generation wants it on.
+        was = model.config.use_cache
+        model.config.use_cache = True
+        try:
+            model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
+        finally:
+            model.config.use_cache = was
+        tokenizer.save_pretrained(str(tmp))
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(str(tmp))
+        atomic_write_json(tmp / "pt_train.json", {"step": step})
+    return Path(path)

@@ -78,7 +78,7 @@ def run(
             result.inference_path,
             run_dir=str(result.run_dir.resolve()),
             step=result.step,
-            loss=cfg.training.loss,
+            objective=cfg.objective.name,
             config_hash=_frozen_hash(result.run_dir),
         )
 
@@ -100,7 +100,7 @@ def init(
     target = out if out is not None else cfg.run_dir / "inference" / "step-0"
     with _stdout_to_stderr():
         path = save_initial_model(cfg, target)
-    emit_manifest("checkpoint", path, step=0, loss=None)
+    emit_manifest("checkpoint", path, step=0, objective=None)
 
 
 @app.command()

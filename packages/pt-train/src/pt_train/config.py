@@ -4,7 +4,8 @@
     output_dir: runs                 # run dir = output_dir/run_name
     model: {init: {tokenizer: tok/, hidden_size: 128, num_layers: 2, num_heads: 2}}
     data: {path: out/data/sft}
-    training: {loss: sft, learning_rate: 1e-4, global_batch_size: 8, max_steps: 100}
+    objective: {name: sft}           # or dft, asft, dpo, each with its own keys
+    training: {learning_rate: 1e-4, global_batch_size: 8, max_steps: 100}
     deepspeed: {zero_stage: 2}
     launcher: {nproc: 1}
 
@@ -22,6 +23,11 @@ from pydantic import Field, model_validator
 
 from pt_core.config import Section, load_config
 from pt_core.errors import ConfigError
+from pt_core.log import get_logger
+from pt_train.objectives import ObjectiveConfig
+from pt_train.objectives.sft import SFTConfig
+
+log = get_logger(__name__)
 
 
 class ModelInit(Section):
@@ -36,6 +42,9 @@ class ModelInit(Section):
     intermediate_size: int | None = Field(None, gt=0)
     max_position_embeddings: int = Field(2048, gt=0)
     tie_word_embeddings: bool = False
+    # The embedding rows; None: the tokenizer's length. Larger values leave rows unused
+    # (to shape a model like one with a bigger vocabulary).
+    vocab_size: int | None = Field(None, gt=0)
 
 
 class ModelConfig(Section):
@@ -65,19 +74,23 @@ class ModelConfig(Section):
 class DataConfig(Section):
     path: str | None = None  # --data PATH|- overrides it
     split: str = "train"
-    # Used only when the data are conversations, tokenized here with pt-data's code.
+    shuffle: bool = True
+    # Rows of at most this many tokens: conversations are tokenized (and packed) to it here
+    # with pt-data's code, and the sequences of preference pairs are packed into rows of it.
     max_seq_length: int = Field(2048, gt=0)
+    # Used only when the data are conversations (not tokenized):
     packing: bool = True
     train_on: Literal["assistant", "last"] = "assistant"
     truncate: bool = False
-    shuffle: bool = True
+    # Used only when the data are preference rows that are not tokenized:
+    max_prompt_length: int | None = Field(None, gt=0)
+    max_completion_length: int | None = Field(None, gt=0)
 
 
 LENGTH_KEYS = ("max_steps", "num_epochs", "num_training_samples", "num_training_tokens")
 
 
 class TrainingConfig(Section):
-    loss: Literal["sft", "dft"] = "sft"
     learning_rate: float = Field(1e-5, ge=0)
     lr_schedule: Literal["cosine", "constant", "linear"] = "cosine"
     warmup_ratio: float = Field(0.0, ge=0, le=1)
@@ -103,6 +116,8 @@ class TrainingConfig(Section):
     )  # HF checkpoints; one is always saved at the end
     logging_steps: int = Field(1, gt=0)
     max_consecutive_nan: int = Field(5, gt=0)
+    # The LM head runs on this many MiB of fp32 logits at a time (pt_train.logprobs).
+    logits_chunk_mb: int = Field(256, gt=0)
 
     @model_validator(mode="after")
     def _one_length(self):
@@ -151,15 +166,46 @@ class TrainConfig(Section):
     output_dir: str = "runs"
     model: ModelConfig
     data: DataConfig = Field(default_factory=DataConfig)
+    objective: ObjectiveConfig = Field(default_factory=SFTConfig)
     training: TrainingConfig
     deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     slurm: dict[str, Any] = Field(default_factory=dict)  # pt-slurm reads it; pt-train ignores it
 
+    @model_validator(mode="before")
+    @classmethod
+    def _training_loss_is_now_objective(cls, data):
+        return migrate(data) if isinstance(data, dict) else data
+
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
+
+
+def migrate(data: dict, *, warn: bool = True) -> dict:
+    """Configs written before objectives were sections: ``training.loss: dft`` is
+    ``objective: {name: dft}``. Both at once is an error."""
+    training = data.get("training")
+    if not isinstance(training, dict) or "loss" not in training:
+        return data
+    data = {**data, "training": {k: v for k, v in training.items() if k != "loss"}}
+    if "objective" in data:
+        raise ConfigError(
+            "training.loss and objective are both given; training.loss is the old name of "
+            "objective.name",
+            hint="remove training.loss and keep objective: {name: ...}",
+        )
+    data["objective"] = {"name": training["loss"]}
+    if warn:
+        log.warning(
+            "training.loss=%s is now objective.name=%s (objective: {name: %s}); "
+            "the old key still works",
+            training["loss"],
+            training["loss"],
+            training["loss"],
+        )
+    return data
 
 
 def load_train_config(path, overrides: list[str] | None = None) -> TrainConfig:
@@ -175,6 +221,7 @@ RESUME_FREE_KEYS = (
     "training.inference_steps",
     "training.logging_steps",
     "training.max_consecutive_nan",
+    "training.logits_chunk_mb",
     "launcher",
     "deepspeed.engine",
     "logging",

@@ -1,8 +1,10 @@
-"""Training rows, the order they are seen in, and micro-batches.
+"""Training rows and the order they are seen in.
 
-Rows are pt-data's tokenized rows (``input_ids``, ``labels``, ``position_ids``,
-``seq_lens``), read from a dataset directory or file, or made here from
-conversations with pt-data's own tokenize and pack functions.
+Token rows are pt-data's tokenized rows (``input_ids``, ``labels``, ``position_ids``,
+``seq_lens``), read from a dataset directory or file, or made here from conversations
+with pt-data's own tokenize and pack functions. Preference pairs are pt-data's tokenized
+pairs (``prompt_input_ids``, ``chosen_input_ids``, ``chosen_labels``,
+``rejected_input_ids``, ``rejected_labels``).
 
 The order is a pure function of (seed, epoch): every epoch is a fresh
 permutation seeded by ``(seed, epoch)``, and the epochs are laid end to end as
@@ -17,25 +19,49 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from pt_core.contracts import IGNORE_INDEX
 from pt_core.errors import InputError
 from pt_core.files import iter_rows, require_columns, split_path
 from pt_core.log import get_logger
+from pt_train.batch import Row
 from pt_train.config import DataConfig
 
 log = get_logger(__name__)
 
+PAIR_COLUMNS = (
+    "prompt_input_ids",
+    "chosen_input_ids",
+    "chosen_labels",
+    "rejected_input_ids",
+    "rejected_labels",
+)
+
 
 @dataclass
-class Row:
-    input_ids: np.ndarray  # (len,) int64
-    labels: np.ndarray  # (len,) int64, IGNORE_INDEX where no loss
-    position_ids: np.ndarray  # (len,) restarting at 0 for every packed sequence
+class Pair:
+    """A tokenized preference pair: the prompt once, each completion with its labels."""
+
+    prompt: np.ndarray
+    chosen: np.ndarray
+    chosen_labels: np.ndarray
+    rejected: np.ndarray
+    rejected_labels: np.ndarray
+
+    def sequences(self) -> tuple[Row, Row]:
+        """The two sequences the model sees, chosen first: prompt + completion, trained on
+        the completion's labels only."""
+        return self._row(self.chosen, self.chosen_labels), self._row(
+            self.rejected, self.rejected_labels
+        )
+
+    def _row(self, completion: np.ndarray, labels: np.ndarray) -> Row:
+        ids = np.concatenate([self.prompt, completion])
+        prompt_labels = np.full(len(self.prompt), IGNORE_INDEX, dtype=np.int64)
+        return Row(ids, np.concatenate([prompt_labels, labels]), np.arange(len(ids)))
 
     def __len__(self) -> int:
-        return len(self.input_ids)
+        return 2 * len(self.prompt) + len(self.chosen) + len(self.rejected)
 
 
 def load_rows(data: DataConfig, path: str | Path, tokenizer) -> list[Row]:
@@ -47,10 +73,17 @@ def load_rows(data: DataConfig, path: str | Path, tokenizer) -> list[Row]:
         raise InputError(f"{source}: no rows", hint="point data.path at a non-empty dataset")
     if "input_ids" in first:
         require_columns(first, ("input_ids", "labels"), str(source))
+        _warn_unused(data, "tokenized rows", ("packing", "train_on", "truncate", "max_seq_length"))
         out = [_tokenized_row(first, source, 0)]
         out += [_tokenized_row(r, source, i) for i, r in enumerate(rows, start=1)]
     elif "messages" in first:
         out = _tokenize_conversations([first, *rows], data, tokenizer)
+    elif any(k in first for k in PAIR_COLUMNS + ("chosen", "rejected")):
+        raise InputError(
+            f"{source}: these rows are preference pairs; the objective trains on single "
+            "sequences (token rows or conversations)",
+            hint="use objective.name=dpo for preference pairs, or give SFT data",
+        )
     else:
         raise InputError(
             f"{source}: rows have neither 'input_ids' (tokenized) nor 'messages' "
@@ -58,6 +91,77 @@ def load_rows(data: DataConfig, path: str | Path, tokenizer) -> list[Row]:
             hint="build the dataset with pt-data, or give conversations with a 'messages' column",
         )
     return out
+
+
+def load_pairs(data: DataConfig, path: str | Path, tokenizer) -> list[Pair]:
+    """Every preference pair of ``path``: pt-data's tokenized pairs, or untokenized
+    ``prompt``/``chosen``/``rejected`` rows tokenized here with pt-data's code."""
+    source = split_path(path, data.split)
+    rows = iter_rows(source)
+    first = next(rows, None)
+    if first is None:
+        raise InputError(f"{source}: no rows", hint="point data.path at a non-empty dataset")
+    if all(k in first for k in PAIR_COLUMNS):
+        _warn_unused(data, "tokenized pairs", ("max_prompt_length", "max_completion_length"))
+        return [_tokenized_pair(r, source, i) for i, r in enumerate([first, *rows])]
+    if all(k in first for k in ("prompt", "chosen", "rejected")):
+        return _tokenize_pairs([first, *rows], data, tokenizer, source)
+    raise InputError(
+        f"{source}: the objective trains on preference pairs, but the rows have "
+        f"{', '.join(map(repr, first))}",
+        hint="give tokenized pairs (pt-data build with format: preferences, or pt-data pairs) "
+        "or rows with prompt, chosen and rejected",
+    )
+
+
+def _tokenized_pair(row: dict, source, index: int) -> Pair:
+    arrays = {k: np.asarray(row[k], dtype=np.int64) for k in PAIR_COLUMNS}
+    for side in ("chosen", "rejected"):
+        if len(arrays[f"{side}_input_ids"]) != len(arrays[f"{side}_labels"]):
+            raise InputError(
+                f"{source}: row {index + 1} has {len(arrays[f'{side}_input_ids'])} "
+                f"{side}_input_ids but {len(arrays[f'{side}_labels'])} {side}_labels"
+            )
+    return Pair(
+        arrays["prompt_input_ids"],
+        arrays["chosen_input_ids"],
+        arrays["chosen_labels"],
+        arrays["rejected_input_ids"],
+        arrays["rejected_labels"],
+    )
+
+
+def _tokenize_pairs(rows: list[dict], data: DataConfig, tokenizer, source) -> list[Pair]:
+    try:
+        from pt_data.preferences import tokenize_preference_rows
+    except ImportError:
+        raise InputError(
+            f"{source}: untokenized preference rows need pt-data's preference tokenizer",
+            hint="tokenize them first with pt-data build (format: preferences)",
+        ) from None
+    tokenized, counts = tokenize_preference_rows(
+        rows,
+        tokenizer,
+        max_seq_length=data.max_seq_length,
+        max_prompt_length=data.max_prompt_length,
+        max_completion_length=data.max_completion_length,
+    )
+    log.info("tokenized %d preference pairs (%s)", len(tokenized), counts)
+    if not tokenized:
+        raise InputError(f"{source}: no pair fits data.max_seq_length={data.max_seq_length}")
+    return [_tokenized_pair(r, source, i) for i, r in enumerate(tokenized)]
+
+
+def _warn_unused(data: DataConfig, what: str, keys: tuple[str, ...]) -> None:
+    """Say so when the user set ``data`` keys that the rows at hand make meaningless."""
+    given = [k for k in keys if k in data.model_fields_set]
+    if given:
+        log.warning(
+            "data.%s %s no effect on %s (they were applied when the rows were built)",
+            ", data.".join(given),
+            "has" if len(given) == 1 else "have",
+            what,
+        )
 
 
 def _tokenized_row(row: dict, source, index: int) -> Row:
@@ -142,52 +246,5 @@ class StepSampler:
         return [mine[i : i + micro_batch_size] for i in range(0, per_rank, micro_batch_size)]
 
 
-def collate(
-    rows: list[Row], pad_token_id: int, attn_implementation: str = "sdpa"
-) -> dict[str, torch.Tensor | None]:
-    """Pad rows to the longest one and build what the model needs to keep packed sequences apart.
-
-    Padding forms its own sequence (positions restart at 0 there) with no loss, so a
-    real token never attends to it and no padded query row is empty.
-    ``flash_attention_2`` finds the sequences from ``position_ids`` (varlen); sdpa
-    and eager get an explicit block-diagonal causal mask (batch, 1, seq, seq).
-    """
-    length = max(len(r) for r in rows)
-    batch = len(rows)
-    input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
-    labels = torch.full((batch, length), IGNORE_INDEX, dtype=torch.long)
-    position_ids = torch.zeros((batch, length), dtype=torch.long)
-    for i, r in enumerate(rows):
-        n = len(r)
-        input_ids[i, :n] = torch.from_numpy(r.input_ids)
-        labels[i, :n] = torch.from_numpy(r.labels)
-        position_ids[i, :n] = torch.from_numpy(r.position_ids)
-        position_ids[i, n:] = torch.arange(length - n)
-    out = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
-    out["attention_mask"] = (
-        None
-        if attn_implementation == "flash_attention_2"
-        else block_causal_mask(position_ids, as_bool=attn_implementation == "sdpa")
-    )
-    return out
-
-
-def block_causal_mask(position_ids: torch.Tensor, *, as_bool: bool) -> torch.Tensor:
-    """(batch, seq) positions -> (batch, 1, seq, seq) mask: query q sees key k when both
-    are in the same packed sequence and k <= q. Bool (True = attend) for sdpa, additive
-    float (0 / -inf-like) for eager attention."""
-    seq = position_ids.shape[1]
-    # A new sequence starts wherever the position does not continue the previous one.
-    starts = torch.ones_like(position_ids, dtype=torch.bool)
-    starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
-    seq_id = starts.long().cumsum(-1)  # (batch, seq)
-    same = seq_id[:, :, None] == seq_id[:, None, :]  # (batch, seq, seq)
-    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
-    mask = (same & causal)[:, None]  # (batch, 1, seq, seq)
-    if as_bool:
-        return mask
-    return torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
-
-
-def count_tokens(rows: list[Row]) -> int:
+def count_tokens(rows: list[Row] | list[Pair]) -> int:
     return int(sum(len(r) for r in rows))

@@ -74,24 +74,15 @@ def init_distributed(backend: str) -> DistEnv:
     return env
 
 
-def all_reduce_sum(value: float, device) -> float:
+def all_reduce(values: list[float], device) -> list[float]:
+    """Element-wise sums of ``values`` over all ranks, in one collective (float64)."""
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return float(t.item())
-
-
-def all_reduce_max(value: float, device) -> float:
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return t.tolist()
 
 
 def barrier() -> None:

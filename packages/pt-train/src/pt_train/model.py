@@ -17,6 +17,7 @@ def build_llama(
     intermediate_size: int | None = None,
     max_position_embeddings: int = 2048,
     tie_word_embeddings: bool = False,
+    vocab_size: int | None = None,
     seed: int = 0,
 ):
     """A randomly initialised Llama-style causal LM sized for ``tokenizer``.
@@ -29,8 +30,12 @@ def build_llama(
 
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+    if vocab_size is not None and vocab_size < len(tokenizer):
+        raise ValueError(
+            f"vocab_size {vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens"
+        )
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size or len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 4 * hidden_size,
         num_hidden_layers=num_layers,
@@ -81,17 +86,21 @@ def load_model(model_cfg, tokenizer, *, dtype, seed: int, fused_ops: bool = Fals
 
     if model_cfg.init is not None:
         init = model_cfg.init
-        model = build_llama(
-            tokenizer,
-            hidden_size=init.hidden_size,
-            num_layers=init.num_layers,
-            num_heads=init.num_heads,
-            num_kv_heads=init.num_kv_heads,
-            intermediate_size=init.intermediate_size,
-            max_position_embeddings=init.max_position_embeddings,
-            tie_word_embeddings=init.tie_word_embeddings,
-            seed=seed,
-        )
+        try:
+            model = build_llama(
+                tokenizer,
+                hidden_size=init.hidden_size,
+                num_layers=init.num_layers,
+                num_heads=init.num_heads,
+                num_kv_heads=init.num_kv_heads,
+                intermediate_size=init.intermediate_size,
+                max_position_embeddings=init.max_position_embeddings,
+                tie_word_embeddings=init.tie_word_embeddings,
+                vocab_size=init.vocab_size,
+                seed=seed,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"model.init: {exc}", hint="change the model.init sizes") from None
         model = model.to(dtype)
     else:
         try:
@@ -128,23 +137,12 @@ def load_model(model_cfg, tokenizer, *, dtype, seed: int, fused_ops: bool = Fals
 
 def save_initial_model(cfg, out_dir):
     """Write the model a run of ``cfg`` starts from (same seed, same weights as step 0 of
-    ``pt-train run``) as an inference checkpoint: safetensors, config, tokenizer,
-    generation config. Used to evaluate the untrained model beside the trained ones."""
-    from pathlib import Path
-
+    ``pt-train run``) as an inference checkpoint, to evaluate the untrained model beside
+    the trained ones."""
     import torch
 
-    from pt_core.files import atomic_path, atomic_write_json
+    from pt_train.checkpoint import write_inference_checkpoint
 
     tokenizer = load_tokenizer(cfg.model.tokenizer_path)
     model = load_model(cfg.model, tokenizer, dtype=torch.float32, seed=cfg.training.seed)
-    model.config.use_cache = True
-    out = Path(out_dir)
-    with atomic_path(out) as tmp:
-        tmp.mkdir()
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        tokenizer.save_pretrained(str(tmp))
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.save_pretrained(str(tmp))
-        atomic_write_json(tmp / "pt_train.json", {"step": 0})
-    return out
+    return write_inference_checkpoint(model, tokenizer, out_dir, step=0)

@@ -1,4 +1,4 @@
-"""The training loop: SFT and DFT on DeepSpeed, with exact resume.
+"""The training loop: objectives trained on batches that producers hand over.
 
     from pt_train.config import load_train_config
     from pt_train.trainer import train
@@ -8,16 +8,19 @@ Launch one process (CPU or one GPU), or many under ``torchrun`` / ``deepspeed``
 / ``accelerate launch``; ``pt-train run`` with ``launcher.nproc=N`` starts N
 local ranks itself. Each optimizer step:
 
-1. takes this rank's rows of the step (:class:`pt_train.data.StepSampler`) as
-   ``grad_accum`` micro-batches, and counts the trained tokens of the whole step
-   over all ranks (one all-reduce);
-2. for every micro-batch, computes the loss SUM over its trained tokens and
-   back-propagates ``sum * world_size / global_trained_tokens`` (DeepSpeed
-   averages gradients over ranks, the world size undoes that), so the gradient
-   is that of the mean over every trained token of the step, however the
-   batch is split;
-3. clips, steps AdamW at the step's learning rate, and skips the update when
-   any rank's loss was NaN/inf.
+1. takes this rank's micro-batches of the step from the producer
+   (:mod:`pt_train.producers`), and adds up the objective's normalizer (trained tokens,
+   pairs, sequences: :meth:`Objective.count`) and the tokens over all ranks (one
+   all-reduce);
+2. for every micro-batch, runs the policy once through the token head
+   (:mod:`pt_train.logprobs`: log-probs at trained positions only, the LM head in
+   chunks), and the reference model where the objective compares with one; computes the
+   loss SUM and back-propagates ``sum * world_size / global_count`` (DeepSpeed averages
+   gradients over ranks, the world size undoes that), so the gradient is that of the
+   step's mean however the batch is split;
+3. adds up the loss, the objective's metrics, the NaN flag and the stop request over the
+   ranks (a second all-reduce), clips, steps AdamW at the step's learning rate, and skips
+   the update when any rank's loss was NaN/inf.
 """
 
 from __future__ import annotations
@@ -36,19 +39,19 @@ from pt_core.config import config_hash, config_to_dict, freeze_config
 from pt_core.errors import ConfigError, InputError, PtError
 from pt_core.log import get_logger, progress
 from pt_train import checkpoint as ckpt
-from pt_train.config import TrainConfig, batch_layout, changed_keys
-from pt_train.data import StepSampler, collate, count_tokens, load_rows
-from pt_train.distributed import DistEnv, all_reduce_sum, barrier, init_distributed
+from pt_train.batch import Batch
+from pt_train.config import TrainConfig, batch_layout, changed_keys, migrate
+from pt_train.distributed import DistEnv, all_reduce, barrier, init_distributed
 from pt_train.engine import PlainEngine, use_plain_engine
-from pt_train.losses import LOSSES, shift_targets
+from pt_train.logprobs import HeadRequest, install_token_head, other_model_hidden
 from pt_train.metrics import MetricsWriter, peak_flops, peak_memory_gb, training_flops_per_token
 from pt_train.model import load_model, load_tokenizer
+from pt_train.objectives import Objective, build_objective
+from pt_train.producers import Producer
 from pt_train.schedule import lr_at
 from pt_train.signals import NonFiniteLoss, StopRequest
 
 log = get_logger(__name__)
-
-IGNORE = -100
 
 
 class TrainingAborted(PtError):
@@ -112,10 +115,12 @@ def total_steps_of(cfg: TrainConfig, num_rows: int, num_tokens: int) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, *, force_resume: bool = False):
+    def __init__(
+        self, cfg: TrainConfig, *, force_resume: bool = False, producer: Producer | None = None
+    ):
         self.cfg = cfg
         self.run_dir = cfg.run_dir
-        if cfg.data.path is None:
+        if producer is None and cfg.data.path is None:
             raise ConfigError(
                 "no training data: data.path is not set",
                 hint="set data.path in the config, or pass --data PATH (or --data - in a pipe)",
@@ -128,19 +133,24 @@ class Trainer:
         )
         precision = cfg.training.precision
         self.bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
+        self.model_dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.grad_accum = batch_layout(cfg.training, self.env.world_size)
+        self.zero_stage = cfg.deepspeed.zero_stage
         self._prepare_run_dir(force_resume)
 
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path)
-        self.rows = load_rows(cfg.data, cfg.data.path, self.tokenizer)
-        self.sampler = StepSampler(
-            len(self.rows),
-            cfg.training.global_batch_size,
-            seed=cfg.training.seed,
-            shuffle=cfg.data.shuffle,
-        )
-        self.total_steps = total_steps_of(cfg, len(self.rows), count_tokens(self.rows))
-        self.loss_fn = LOSSES[cfg.training.loss]
+        self.objective: Objective = build_objective(cfg.objective)
+        self.reference = None
+        self.producer = producer if producer is not None else self._fixed_producer()
+        self.total_steps = total_steps_of(cfg, self.producer.num_rows, self.producer.num_tokens)
+        if (
+            self.objective.reference != "none"
+            and self.reference is None
+            and not (
+                getattr(cfg.objective, "reference", None) and cfg.objective.reference.precompute
+            )
+        ):
+            self.reference = self._load_reference()
         self._build_engine()
 
         self.step = 0
@@ -152,6 +162,8 @@ class Trainer:
             self.step = state["step"]
             self.trained_tokens = state["trained_tokens"]
             self.nonfinite.consecutive = state["consecutive_nonfinite"]
+            self.objective.load_state_dict(state.get("objective", {}))
+            self.producer.load_state_dict(state.get("producer", {}))
             if self.env.is_main:
                 log.info("resuming %s from %s (step %d)", self.run_dir, latest.name, self.step)
         self.metrics = MetricsWriter(
@@ -166,7 +178,7 @@ class Trainer:
         """Refuse to resume a run whose arithmetic changed; freeze the config (rank 0)."""
         frozen = self.run_dir / "config.yaml"
         if frozen.exists() and ckpt.latest_checkpoint(self.run_dir) is not None:
-            old = yaml.safe_load(frozen.read_text()) or {}
+            old = migrate(yaml.safe_load(frozen.read_text()) or {}, warn=False)
             changed = changed_keys(old, config_to_dict(self.cfg))
             if changed and not force_resume:
                 raise ConfigError(
@@ -184,13 +196,115 @@ class Trainer:
             freeze_config(self.cfg, self.run_dir)
         barrier()
 
+    @property
+    def fused_ops(self) -> bool:
+        # ZeRO-3 gathers a weight only when its own module runs; the fused MLP reads three.
+        return self.cfg.model.fused_ops and self.zero_stage < 3
+
+    def _fixed_producer(self) -> Producer:
+        """Token rows or preference pairs from ``data.path``, whichever the objective trains on."""
+        from pt_train.data import load_pairs, load_rows
+        from pt_train.producers import pairs_producer, rows_producer
+
+        cfg = self.cfg
+        sampling = {
+            "global_batch_size": cfg.training.global_batch_size,
+            "micro_batch_size": cfg.training.micro_batch_size,
+            "seed": cfg.training.seed,
+            "shuffle": cfg.data.shuffle,
+            "rank": self.env.rank,
+            "world_size": self.env.world_size,
+        }
+        common = {
+            "pad_token_id": self.tokenizer.pad_token_id,
+            "attn_implementation": cfg.model.attn_implementation,
+        }
+        if self.objective.data == "tokens":
+            rows = load_rows(cfg.data, cfg.data.path, self.tokenizer)
+            return rows_producer(rows, **common, **sampling)
+        if self.objective.data != "pairs":
+            raise ConfigError(
+                f"objective {cfg.objective.name!r} does not train on a fixed dataset",
+                hint="see docs/pt-train.md for the data each objective takes",
+            )
+        pairs = load_pairs(cfg.data, cfg.data.path, self.tokenizer)
+        producer = pairs_producer(
+            pairs, **common, max_seq_length=cfg.data.max_seq_length, **sampling
+        )
+        reference_cfg = getattr(cfg.objective, "reference", None)
+        if self.objective.reference == "logps" and reference_cfg and reference_cfg.precompute:
+            table = self._precomputed_reference(pairs, producer)
+            producer = pairs_producer(
+                pairs,
+                **common,
+                max_seq_length=cfg.data.max_seq_length,
+                reference_logps=table,
+                **sampling,
+            )
+        return producer
+
+    def _load_reference(self):
+        from pt_train.reference import load_frozen
+
+        reference_cfg = self.cfg.objective.reference
+        if self.env.is_main:
+            log.info(
+                "reference model: %s",
+                reference_cfg.path or "the policy's starting weights (a frozen copy)",
+            )
+        return load_frozen(
+            self.cfg.model,
+            reference_cfg,
+            self.tokenizer,
+            dtype=self.model_dtype,
+            seed=self.cfg.training.seed,
+            device=self.device,
+            zero_stage=self.zero_stage,
+            fused=self.fused_ops,
+        )
+
+    def _precomputed_reference(self, pairs, producer):
+        """Reference log-probs of every pair, stored in the run directory (computed once)."""
+        import gc
+
+        from pt_train.reference import precompute_pair_logps, stored_pair_logps
+
+        reference_cfg = self.cfg.objective.reference
+        source = reference_cfg.path or f"policy-start:{config_hash(self.cfg.model)}"
+        table = stored_pair_logps(self.run_dir, pairs, source)
+        if table is not None:
+            if self.env.is_main:
+                log.info("reference log-probs from %s/reference (not loading it)", self.run_dir)
+            return table
+        model = self._load_reference()
+        table = precompute_pair_logps(
+            model,
+            pairs,
+            producer.to_batch,
+            self.run_dir,
+            self.env,
+            micro_pairs=self.cfg.training.micro_batch_size,
+            chunk_mb=self.cfg.training.logits_chunk_mb,
+            device=self.device,
+            dtype=self.model_dtype,
+            source=source,
+        )
+        del model
+        gc.collect()
+        return table
+
     def _build_engine(self) -> None:
         cfg = self.cfg
-        # ZeRO-3 gathers a weight only when its own module runs; the fused MLP reads three.
-        fused = cfg.model.fused_ops and cfg.deepspeed.zero_stage < 3
+        if cfg.model.fused_ops and not self.fused_ops and self.env.is_main:
+            log.info("model.fused_ops is not applied under ZeRO-3 (see pt_train.fused)")
         model = load_model(
-            cfg.model, self.tokenizer, dtype=torch.float32, seed=cfg.training.seed, fused_ops=fused
+            cfg.model,
+            self.tokenizer,
+            dtype=torch.float32,
+            seed=cfg.training.seed,
+            fused_ops=self.fused_ops,
         )
+        install_token_head(model)
         decay, no_decay = [], []
         for p in model.parameters():
             if p.requires_grad:
@@ -205,8 +319,6 @@ class Trainer:
             betas=(t.adam_beta1, t.adam_beta2),
             eps=t.adam_epsilon,
         )
-        self.zero_stage = cfg.deepspeed.zero_stage
-        self.model_dtype = torch.bfloat16 if self.bf16 else torch.float32
         if use_plain_engine(cfg, self.env.world_size, self.bf16):
             self.engine = PlainEngine(model.to(self.device), optimizer, self.grad_accum)
             self.optimizer = optimizer
@@ -223,79 +335,84 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def micro_batches(self, step: int) -> list[dict]:
-        indices = self.sampler.micro_batches(
-            step, self.env.rank, self.env.world_size, self.cfg.training.micro_batch_size
+    def forward_backward_step(self, batch: Batch, loss_scale: float):
+        """Forward one micro-batch, back-propagate ``loss_sum * loss_scale``; return the
+        detached :class:`LossOutput`."""
+        batch = batch.to(self.device)
+        inputs = batch.model_inputs(self.device, self.model_dtype)
+        chunk_mb = self.cfg.training.logits_chunk_mb
+        request = HeadRequest(
+            targets=batch.targets, chunk_mb=chunk_mb, **self.objective.head(batch)
         )
-        out = []
-        for mb in indices:
-            batch = collate(
-                [self.rows[i] for i in mb],
-                self.tokenizer.pad_token_id,
-                self.cfg.model.attn_implementation,
-            )
-            batch["targets"] = shift_targets(batch.pop("labels"), batch["position_ids"])
-            batch["tokens"] = sum(len(self.rows[i]) for i in mb)
-            out.append(batch)
-        return out
+        reference_out = None
+        if self.reference is not None and self.objective.reference == "logps":
+            if "ref_logps" not in batch.data:
+                with torch.no_grad():
+                    reference_out = self.reference(
+                        **inputs,
+                        head=HeadRequest(
+                            targets=batch.targets,
+                            chunk_mb=chunk_mb,
+                            temperature=request.temperature,
+                        ),
+                    )
+        elif self.reference is not None and self.objective.reference == "dense":
+            request.dense = self.objective.dense()
+            request.dense_hidden = other_model_hidden(self.reference, inputs, batch.targets)
+            request.dense_head = self.reference._pt_head.lm_head
+        out = self.engine(**inputs, head=request)
+        loss = self.objective.loss(out, batch, reference_out)
+        self.engine.backward(loss.sum * loss_scale, scale_wrt_gas=False)
+        loss.sum = loss.sum.detach()
+        return loss
 
-    def forward_backward_step(self, batch: dict, loss_scale: float) -> torch.Tensor:
-        """Forward one micro-batch, back-propagate ``loss_sum * loss_scale``; return the sum."""
-        mask = batch["attention_mask"]
-        if mask is not None:
-            mask = mask.to(self.device)
-            if mask.is_floating_point():
-                mask = mask.to(self.model_dtype)
-        out = self.engine(
-            input_ids=batch["input_ids"].to(self.device),
-            position_ids=batch["position_ids"].to(self.device),
-            attention_mask=mask,
-            use_cache=False,
-        )
-        # (batch, seq, vocab) -> drop the last position, which predicts nothing
-        loss_sum = self.loss_fn(out.logits[:, :-1], batch["targets"].to(self.device))
-        self.engine.backward(loss_sum * loss_scale, scale_wrt_gas=False)
-        return loss_sum.detach()
-
-    def train_step(self, step: int, stop: StopRequest | None = None) -> dict:
-        """One optimizer step over ``grad_accum`` micro-batches; returns its metrics."""
+    def train_step(
+        self, step: int, stop: StopRequest | None = None, batches: list[Batch] | None = None
+    ) -> dict:
+        """One optimizer step over this rank's micro-batches; returns its metrics."""
         start = time.perf_counter()
-        batches = self.micro_batches(step)
-        local_trained = sum(int((b["targets"] != IGNORE).sum()) for b in batches)
-        local_tokens = sum(b["tokens"] for b in batches)
-        global_trained = all_reduce_sum(local_trained, self.device)
-        global_tokens = all_reduce_sum(local_tokens, self.device)
-        loss_scale = self.env.world_size / max(global_trained, 1.0)
+        if batches is None:
+            batches = self.producer.micro_batches(step)
+        global_count, global_tokens, global_trained = all_reduce(
+            [
+                sum(self.objective.count(b) for b in batches),
+                sum(b.tokens for b in batches),
+                sum(b.num_trained for b in batches),
+            ],
+            self.device,
+        )
+        loss_scale = self.env.world_size / max(global_count, 1.0)
 
         lr = lr_at(step, self.cfg.training, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
         loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
+        metric_sums: dict[str, list[float]] = {}
         for i, batch in enumerate(batches):
-            loss_total += self.forward_backward_step(batch, loss_scale).double()
+            loss = self.forward_backward_step(batch, loss_scale)
+            loss_total += loss.sum.double()
+            for name, (value, count) in loss.metrics.items():
+                acc = metric_sums.setdefault(name, [0.0, 0.0])
+                acc[0] += float(value)
+                acc[1] += float(count)
             if i < len(batches) - 1:
                 self.engine.step()  # not a boundary: DeepSpeed only counts the micro-step
         local_finite = bool(torch.isfinite(loss_total))
-        # One all-reduce for the loss, the NaN flag and the stop request.
-        flags = torch.tensor(
+        names = sorted(metric_sums)
+        # The second all-reduce: loss, NaN flag, stop request and the metrics' sums.
+        reduced = all_reduce(
             [
                 loss_total.item() if local_finite else 0.0,
                 0.0 if local_finite else 1.0,
                 1.0 if stop is not None and stop.requested else 0.0,
+                *(v for n in names for v in metric_sums[n]),
             ],
-            dtype=torch.float64,
-            device=self.device,
+            self.device,
         )
-        if self.env.world_size > 1:
-            flags_sum = flags.clone()
-            torch.distributed.all_reduce(flags_sum)
-            flags_max = flags.clone()
-            torch.distributed.all_reduce(flags_max, op=torch.distributed.ReduceOp.MAX)
-            loss_sum_all, nonfinite, stop_all = flags_sum[0], flags_max[1], flags_max[2]
-        else:
-            loss_sum_all, nonfinite, stop_all = flags[0], flags[1], flags[2]
-        finite = not bool(nonfinite)
+        loss_sum_all, nonfinite, stop_all = reduced[:3]
+        sums = {n: (reduced[3 + 2 * i], reduced[4 + 2 * i]) for i, n in enumerate(names)}
+        finite = not nonfinite
 
         grad_norm = None
         if not finite:
@@ -313,13 +430,16 @@ class Trainer:
         if grad_norm is None and finite:
             norm = self.engine.get_global_grad_norm()
             grad_norm = float(norm) if norm is not None else None
+        if finite:
+            self.objective.end_step(sums)
+        producer_metrics = self.producer.after_step(step)
 
         elapsed = time.perf_counter() - start
         if finite:
             self.trained_tokens += int(global_trained)
         record = {
             "step": step + 1,
-            "loss": float(loss_sum_all) / max(global_trained, 1.0) if finite else float("nan"),
+            "loss": loss_sum_all / max(global_count, 1.0) if finite else float("nan"),
             "lr": lr,
             "grad_norm": grad_norm,
             "tokens": int(global_tokens),
@@ -330,6 +450,9 @@ class Trainer:
             "peak_memory_gb": peak_memory_gb(),
             "skipped": not finite,
         }
+        for name, (total, count) in sums.items():
+            record[name] = total / count if count else None
+        record.update(producer_metrics)
         if self.peak_flops:
             record["mfu"] = (
                 self.flops_per_token
@@ -349,6 +472,8 @@ class Trainer:
             "total_steps": self.total_steps,
             "world_size": self.env.world_size,
             "config_hash": config_hash(self.cfg),
+            "objective": self.objective.state_dict(),
+            "producer": self.producer.state_dict(),
         }
 
     def save_full(self) -> Path:
@@ -376,9 +501,10 @@ class Trainer:
             return TrainResult(self.run_dir, self.step, self.total_steps, path, False)
         if self.env.is_main:
             log.info(
-                "training %s: %d rows, %d steps, global batch %d = micro %d x accum %d x ranks %d",
+                "training %s (%s): %d rows, %d steps, global batch %d = micro %d x accum %d x ranks %d",
                 self.run_dir,
-                len(self.rows),
+                self.cfg.objective.name,
+                self.producer.num_rows,
                 self.total_steps,
                 t.global_batch_size,
                 t.micro_batch_size,
@@ -429,7 +555,13 @@ class Trainer:
         return TrainResult(self.run_dir, self.step, self.total_steps, path, False)
 
 
-def train(cfg: TrainConfig, *, data_path: str | Path | None = None, force_resume: bool = False):
+def train(
+    cfg: TrainConfig,
+    *,
+    data_path: str | Path | None = None,
+    force_resume: bool = False,
+    producer: Producer | None = None,
+):
     """Train (or resume) ``cfg``'s run in this process, as one rank of the job."""
     if data_path is not None:
         cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(data_path)})})
@@ -438,4 +570,4 @@ def train(cfg: TrainConfig, *, data_path: str | Path | None = None, force_resume
     # Signals are caught from the start: one that arrives while the model loads stops
     # the run after its first step, with a checkpoint, like any other.
     with StopRequest() as stop:
-        return Trainer(cfg, force_resume=force_resume).train(stop)
+        return Trainer(cfg, force_resume=force_resume, producer=producer).train(stop)

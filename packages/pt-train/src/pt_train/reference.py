@@ -1,0 +1,158 @@
+"""Frozen models beside the policy: DPO's reference, ASFT's anchor.
+
+:func:`load_frozen` loads one (the policy's starting weights, or another path) in the
+policy's dtype, with the same layers, and under ZeRO-3 partitioned over the ranks like
+the policy (a DeepSpeed engine without an optimizer), so a 7B reference does not sit
+whole on every GPU. Nothing of it is trained or saved.
+
+:func:`precompute_pair_logps` computes a reference's log-probs of every pair once, before
+training, into ``<run_dir>/reference/``, in chunks that a restarted run does not compute
+again; training then reads them and does not load the reference at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pt_core.files import atomic_path, atomic_write_json
+from pt_core.log import get_logger, progress
+from pt_train.distributed import DistEnv, barrier
+from pt_train.logprobs import HeadRequest, install_token_head
+
+log = get_logger(__name__)
+
+CHUNK_PAIRS = 1024
+
+
+def load_frozen(model_cfg, reference_cfg, tokenizer, *, dtype, seed, device, zero_stage, fused):
+    """The frozen model of ``reference_cfg`` (``path`` or the policy's starting weights)."""
+    from pt_train.model import load_model
+
+    source = model_cfg
+    if reference_cfg.path is not None:
+        source = model_cfg.model_copy(update={"name_or_path": reference_cfg.path, "init": None})
+    source = source.model_copy(update={"gradient_checkpointing": False})
+    if reference_cfg.dtype is not None:
+        dtype = getattr(torch, reference_cfg.dtype)
+    model = load_model(source, tokenizer, dtype=dtype, seed=seed, fused_ops=fused)
+    model.requires_grad_(False)
+    model.eval()
+    if zero_stage == 3:
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(
+            model=model,
+            config={
+                "train_micro_batch_size_per_gpu": 1,
+                "zero_optimization": {"stage": 3},
+                "bf16": {"enabled": dtype == torch.bfloat16},
+            },
+        )
+        model = engine.module
+    else:
+        model = model.to(device)
+    install_token_head(model)
+    return model
+
+
+def pairs_fingerprint(pairs) -> str:
+    """A hash of the pairs' tokens, to tell whether stored log-probs belong to them."""
+    digest = hashlib.sha256()
+    for p in pairs:
+        for part in (p.prompt, p.chosen, p.chosen_labels, p.rejected, p.rejected_labels):
+            digest.update(np.asarray(part, dtype=np.int64).tobytes())
+            digest.update(b"|")
+    return digest.hexdigest()[:16]
+
+
+def precompute_pair_logps(
+    model, pairs, make_batch, run_dir: Path, env: DistEnv, *, micro_pairs: int, chunk_mb: int,
+    device, dtype, source: str,
+) -> np.ndarray:  # fmt: skip
+    """[pairs, 2] reference log-probs (chosen, rejected) of every pair, from
+    ``<run_dir>/reference/`` where a previous run stored them, else computed here (each
+    rank a share of the chunks) and stored."""
+    root = Path(run_dir) / "reference"
+    fingerprint = pairs_fingerprint(pairs)
+    final = root / "logps.npy"
+    meta = root / "meta.json"
+    if final.exists() and env.is_main:
+        log.warning("%s holds reference log-probs of other data; computing them again", root)
+    barrier()
+    if env.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+    barrier()
+    chunks = [(s, min(len(pairs), s + CHUNK_PAIRS)) for s in range(0, len(pairs), CHUNK_PAIRS)]
+    mine = [c for i, c in enumerate(chunks) if i % env.world_size == env.rank]
+    todo = [c for c in mine if not _chunk_path(root, fingerprint, *c).exists()]
+    log.info(
+        "rank %d: reference log-probs of %d pairs, %d of its %d chunks to compute (in %s)",
+        env.rank,
+        len(pairs),
+        len(todo),
+        len(mine),
+        root,
+    )
+    bar = progress() if env.is_main else None
+    if bar is not None:
+        bar.start()
+        task = bar.add_task("reference log-probs", total=sum(e - s for s, e in todo))
+    for start, end in todo:
+        out = np.zeros((end - start, 2), dtype=np.float64)
+        for mb_start in range(start, end, micro_pairs):
+            indices = list(range(mb_start, min(end, mb_start + micro_pairs)))
+            batch = make_batch(indices).to(device)
+            sums = sequence_logps(model, batch, chunk_mb=chunk_mb, device=device, dtype=dtype)
+            out[mb_start - start : mb_start - start + len(indices)] = (
+                sums.view(-1, 2).double().cpu().numpy()
+            )
+            if bar is not None:
+                bar.update(task, advance=len(indices))
+        with atomic_path(_chunk_path(root, fingerprint, start, end)) as tmp:
+            np.save(tmp, out)  # the name ends in .npy, so np.save keeps it
+    if bar is not None:
+        bar.stop()
+    barrier()
+    table = np.concatenate([np.load(_chunk_path(root, fingerprint, s, e)) for s, e in chunks])
+    barrier()
+    if env.is_main:
+        with atomic_path(final) as tmp:
+            np.save(tmp, table)
+        atomic_write_json(meta, {"fingerprint": fingerprint, "source": source, "pairs": len(pairs)})
+        for s, e in chunks:
+            _chunk_path(root, fingerprint, s, e).unlink(missing_ok=True)
+    barrier()
+    return table
+
+
+def stored_pair_logps(run_dir: Path, pairs, source: str) -> np.ndarray | None:
+    """The [pairs, 2] table a previous run stored for these pairs and this reference."""
+    root = Path(run_dir) / "reference"
+    final, meta = root / "logps.npy", root / "meta.json"
+    if not (final.exists() and meta.exists()):
+        return None
+    stored = json.loads(meta.read_text())
+    if stored.get("fingerprint") != pairs_fingerprint(pairs) or stored.get("source") != source:
+        return None
+    return np.load(final)
+
+
+def _chunk_path(root: Path, fingerprint: str, start: int, end: int) -> Path:
+    return root / f"part-{fingerprint}-{start:09d}-{end:09d}.npy"
+
+
+def sequence_logps(model, batch, *, chunk_mb: int, device, dtype) -> torch.Tensor:
+    """[S] the model's log-prob of each sequence of ``batch`` (sum over trained tokens)."""
+    from pt_train.objectives.base import segment_sum
+
+    with torch.no_grad():
+        out = model(
+            **batch.model_inputs(device, dtype),
+            head=HeadRequest(targets=batch.targets, chunk_mb=chunk_mb),
+        )
+    return segment_sum(out.token_logps.double(), batch.token_sequence, batch.num_sequences)
