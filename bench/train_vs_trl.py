@@ -162,8 +162,8 @@ def write_pt_train_config(workdir: Path, steps: int) -> Path:
         "output_dir": str(workdir / "runs"),
         "model": {"name_or_path": str(workdir / "model"), "attn_implementation": "sdpa"},
         "data": {"path": str(workdir / "conversations.jsonl"), "max_seq_length": SEQ_LEN},
+        "objective": {"name": "sft"},
         "training": {
-            "loss": "sft",
             "learning_rate": 1e-4,
             "lr_schedule": "cosine",
             "max_grad_norm": 1.0,

@@ -67,10 +67,14 @@ def pairs_producer(
     **sampling,
 ) -> FixedData:
     """Preference pairs; a micro-batch holds the chosen and rejected sequences of its pairs
-    in the order chosen, rejected, chosen, ... packed into rows of ``max_seq_length``
-    tokens (``flash_attention_2`` tells packed sequences apart by their positions, sdpa and
-    eager by the block mask). ``reference_logps`` ([pairs, 2], chosen and rejected)
-    attaches precomputed reference log-probs."""
+    in the order chosen, rejected, chosen, ... With ``flash_attention_2`` they are packed
+    into rows of ``max_seq_length`` tokens (its variable-length kernel attends within each
+    sequence only, so packing costs nothing and saves the padding); with sdpa and eager,
+    whose masks are dense, each sequence is a row of its own, padded to the longest, since
+    attention over a packed row costs the square of the row's length.
+    ``reference_logps`` ([pairs, 2], chosen and rejected) attaches precomputed reference
+    log-probs."""
+    pack = attn_implementation == "flash_attention_2"
 
     def to_batch(indices: list[int]) -> Batch:
         sequences = [row for i in indices for row in pairs[i].sequences()]
@@ -79,8 +83,8 @@ def pairs_producer(
             data["ref_logps"] = torch.from_numpy(
                 np.asarray(reference_logps[indices], dtype=np.float64).reshape(-1)
             )
-        return collate(
-            pack_in_order(sequences, max_seq_length), pad_token_id, attn_implementation, data
-        )
+        if pack:
+            sequences = pack_in_order(sequences, max_seq_length)
+        return collate(sequences, pad_token_id, attn_implementation, data)
 
     return FixedData(pairs, to_batch, **sampling)
