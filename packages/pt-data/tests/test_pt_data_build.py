@@ -290,7 +290,9 @@ def test_errors_name_the_place_and_leave_nothing_behind(tmp_path):
     with pytest.raises(InputError, match=r"missing column\(s\) 'instruction'.*'question', 'reply'"):
         build(cfg, out_dir=tmp_path / "o2")
     cfg = DataConfig.model_validate({"datasets": [{"source": str(src), "transform": "alpacca"}]})
-    with pytest.raises(ConfigError, match="unknown transform 'alpacca'.*alpaca, gsm8k"):
+    with pytest.raises(
+        ConfigError, match="unknown transform 'alpacca'.*alpaca, conversation_prompts, gsm8k"
+    ):
         build(cfg, out_dir=tmp_path / "o3")
     assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
 
