@@ -148,18 +148,20 @@ class Mixer:
 
     def transformed(
         self, index: int, limit: int | None = None
-    ) -> Iterator[tuple[dict, dict | None]]:
-        """``(raw, transformed)`` pairs of one dataset, before filters (for inspect); a row
-        the transform drops comes as ``(raw, None)``."""
+    ) -> Iterator[tuple[dict, dict | None, str | None]]:
+        """``(raw, transformed, None)`` of one dataset's rows, before filters (for inspect); a
+        row the transform drops comes as ``(raw, None, reason)``."""
         spec, t = self.cfg.datasets[index], self.transforms[index]
         bad = BadRows()
         for n, raw in enumerate(iter_source(spec, skip_bad=self.skip_bad, bad=bad)):
             if limit is not None and n >= limit:
                 break
             try:
-                yield raw, self._apply(spec, t, raw, n)
-            except SkipRow:
-                yield raw, None
+                out = self._apply(spec, t, raw, n)
+            except SkipRow as skip:
+                yield raw, None, skip.reason
+            else:
+                yield raw, out, None if out is not None else "transform"
 
     def _apply(self, spec: DatasetSpec, t: Transform, raw: dict, n: int) -> dict | None:
         try:
