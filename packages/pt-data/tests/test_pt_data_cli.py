@@ -154,6 +154,7 @@ def _error_cases(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_every_verb_reports_bad_input_in_one_message_with_exit_2(tmp_path, cli):
     for args, stdin, message in _error_cases(tmp_path):
         proc = cli("pt-data", *args, input=stdin, check=False)
@@ -164,15 +165,37 @@ def test_every_verb_reports_bad_input_in_one_message_with_exit_2(tmp_path, cli):
     assert not (tmp_path / "out").exists() and not (tmp_path / "t").exists()
 
 
-def test_the_skip_bad_hint_names_a_flag_the_verb_has(tmp_path, cli, tiny_tokenizer_dir):
-    # A malformed line's hint says "pass --skip-bad": inspect and stats take it too.
+@pytest.mark.slow
+def test_every_verb_whose_hint_names_skip_bad_has_it(tmp_path, cli, tiny_tokenizer_dir):
+    # A malformed jsonl line's hint says "pass --skip-bad"; each verb that reads row files
+    # takes the flag, and with it skips the line and goes on.
     src = tmp_path / "bad.jsonl"
     src.write_text(BAD_LINE)
     cfg = _config(tmp_path, src)
-    proc = cli("pt-data", "inspect", cfg, "--stage", "raw", "--skip-bad")
-    assert '"instruction": "a"' in proc.stderr
+    tokenized = tmp_path / "tokenized.jsonl"
+    tokenized.write_text('{"input_ids": [1, 2], "labels": [-100, 2]}\n{oops\n')
+    graded = tmp_path / "graded.jsonl"
+    rows = [
+        {"id": "a", "sample": s, "prompt": "q", "completion": c, "prompt_token_ids": [1],
+         "completion_token_ids": [s + 5], "correct": s == 0, "grade_status": "ok"}
+        for s, c in ((0, "right"), (1, "wrong"))
+    ]  # fmt: skip
+    graded.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{oops\n")
     tok = f"data.tokenizer.name_or_path={tiny_tokenizer_dir}"
-    stats = json.loads(cli("pt-data", "stats", cfg, tok, "--skip-bad").stdout)
+    commands = [
+        ["build", cfg, "--out", tmp_path / "built"],
+        ["inspect", cfg, "--stage", "raw"],
+        ["inspect", graded],
+        ["stats", cfg, tok],
+        ["stats", tokenized],
+        ["pairs", graded, "--out", tmp_path / "pairs"],
+        ["tokenizer", "--texts", src, "--out", tmp_path / "tok"],
+    ]
+    for args in commands:
+        failed = cli("pt-data", *args, check=False)
+        assert failed.returncode == 2 and "pass --skip-bad" in failed.stderr, args
+        cli("pt-data", *args, "--skip-bad")  # exits 0
+    stats = json.loads(cli("pt-data", "stats", tokenized, "--skip-bad").stdout)
     assert stats["overall"]["sequences"] == 1  # the good line; the bad one skipped
 
 

@@ -104,9 +104,9 @@ def test_build_without_a_tokenizer_writes_the_normalized_rows(tmp_path):
 @pytest.mark.parametrize(
     ("transform", "tokenizer", "message"),
     [
-        ("preferences", {"packing": True}, "tokenizer.packing does not apply to preference pairs"),
-        ("preferences", {"train_on": "last"}, "tokenizer.train_on does not apply"),
-        ("alpaca", {"max_prompt_length": 8}, "max_prompt_length applies to preference pairs"),
+        ("preferences", {"packing": True}, "tokenizer.packing does not apply to preferences"),
+        ("preferences", {"train_on": "last"}, "tokenizer.train_on does not apply to preferences"),
+        ("alpaca", {"max_prompt_length": 8}, "max_prompt_length does not apply to conversations"),
     ],
 )
 def test_options_that_do_not_apply_are_errors(

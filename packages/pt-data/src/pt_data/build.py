@@ -125,6 +125,22 @@ def rows_table(rows: list[dict], where: str, *, token_columns: tuple[str, ...] =
         ) from None
 
 
+# Tokenizer keys for one kind of rows only: set for the other kind, they would do nothing.
+_KEYS_NOT_FOR = {
+    "preferences": ("packing", "train_on"),  # one pair per row; the answers are trained
+    "conversations": ("max_prompt_length", "max_completion_length"),
+}
+
+
+def _reject_keys(tcfg, kind: str) -> None:
+    given = sorted(set(_KEYS_NOT_FOR[kind]) & tcfg.model_fields_set)
+    if given:
+        raise ConfigError(
+            f"data.tokenizer.{given[0]} does not apply to {kind} (these rows)",
+            hint=f"remove data.tokenizer.{given[0]}",
+        )
+
+
 class Builder:
     """One build: holds the mixer, the tokenizer and the running counts."""
 
@@ -159,13 +175,7 @@ class Builder:
                     f"data.format is {self.cfg.format!r} but the transforms make preferences rows",
                     hint="set format: preferences or leave it unset",
                 )
-            given = sorted({"packing", "train_on"} & tcfg.model_fields_set)
-            if given:
-                raise ConfigError(
-                    f"data.tokenizer.{given[0]} does not apply to preference pairs (one pair per "
-                    "row, the answers trained)",
-                    hint=f"remove data.tokenizer.{given[0]}",
-                )
+            _reject_keys(tcfg, "preferences")
             return "preferences"
         if tcfg is not None:
             if kind not in (None, "conversations"):
@@ -180,13 +190,7 @@ class Builder:
                     "transforms make conversations",
                     hint="remove data.tokenizer to write conversations, or set format: tokenized",
                 )
-            given = sorted({"max_prompt_length", "max_completion_length"} & tcfg.model_fields_set)
-            if given:
-                raise ConfigError(
-                    f"data.tokenizer.{given[0]} applies to preference pairs; these rows are "
-                    "conversations",
-                    hint=f"remove data.tokenizer.{given[0]} (max_seq_length limits conversations)",
-                )
+            _reject_keys(tcfg, "conversations")
             return "tokenized"
         if self.cfg.format not in (None, kind):
             raise ConfigError(

@@ -128,7 +128,7 @@ def stats(
     limit: int | None = typer.Option(
         None, "--limit", min=1, help="count only the first N rows of a config"
     ),
-    skip_bad: bool = flag("--skip-bad", "skip malformed jsonl lines of a config's sources"),
+    skip_bad: bool = flag("--skip-bad", "skip malformed jsonl lines"),
 ) -> None:
     """Token counts per source, or per part of a pair, and a length histogram.
 
@@ -220,11 +220,12 @@ def tokenizer(
     ),
     out: Path = typer.Option(..., "--out", "-o", help="directory for the tokenizer files"),
     vocab_size: int = typer.Option(512, "--vocab-size", help="at most this many tokens"),
+    skip_bad: bool = flag("--skip-bad", "skip malformed jsonl lines"),
 ) -> None:
     """Train a small byte-level BPE tokenizer with a ChatML template on local text (offline)."""
     from pt_data.tokenizer import train_tokenizer_on_rows
 
-    tok = train_tokenizer_on_rows(texts, out, vocab_size=vocab_size)
+    tok = train_tokenizer_on_rows(texts, out, vocab_size=vocab_size, skip_bad=skip_bad)
     emit_manifest("tokenizer", out, vocab_size=len(tok))
 
 

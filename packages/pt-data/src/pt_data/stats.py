@@ -152,20 +152,22 @@ def lengths_from_config(
     return dict(out)
 
 
-def pair_lengths_from_dataset(path: str | Path, split: str = "train") -> PairLengths:
+def pair_lengths_from_dataset(
+    path: str | Path, split: str = "train", skip_bad: bool = False
+) -> PairLengths:
     """Prompt, chosen and rejected lengths of a built tokenized preference dataset."""
     from pt_core.contracts import TOKENIZED_PREFERENCE_COLUMNS
     from pt_core.files import iter_rows, require_columns
 
     lengths = PairLengths()
     source = split_path(path, split)
-    for row in iter_rows(source):
+    for row in iter_rows(source, skip_bad=skip_bad):
         require_columns(row, TOKENIZED_PREFERENCE_COLUMNS, str(source))
         lengths.add(row)
     return lengths
 
 
-def is_pair_dataset(path: str | Path, split: str = "train") -> bool:
+def is_pair_dataset(path: str | Path, split: str = "train", skip_bad: bool = False) -> bool:
     """Whether the rows of ``path`` are tokenized preference pairs (from the first file)."""
     import pyarrow.parquet as pq
 
@@ -174,10 +176,12 @@ def is_pair_dataset(path: str | Path, split: str = "train") -> bool:
     first = row_files(split_path(path, split))[0]
     if first.suffix == ".parquet":
         return "prompt_input_ids" in pq.ParquetFile(first).schema_arrow.names
-    return "prompt_input_ids" in next(iter_rows(first), {})
+    return "prompt_input_ids" in next(iter_rows(first, skip_bad=skip_bad), {})
 
 
-def lengths_from_dataset(path: str | Path, split: str = "train") -> dict[str, dict[str, list[int]]]:
+def lengths_from_dataset(
+    path: str | Path, split: str = "train", skip_bad: bool = False
+) -> dict[str, dict[str, list[int]]]:
     """Sequence lengths of a built tokenized dataset (or a tokenized parquet/jsonl file)."""
     import pyarrow.parquet as pq
 
@@ -204,7 +208,7 @@ def lengths_from_dataset(path: str | Path, split: str = "train") -> dict[str, di
                     lengths.append(len(row["input_ids"]))
                 trained.append(sum(1 for x in row["labels"] if x != -100))
         else:
-            for row in iter_rows(f):
+            for row in iter_rows(f, skip_bad=skip_bad):
                 if "input_ids" not in row:
                     raise InputError(f"{f}: not a tokenized dataset (no 'input_ids')")
                 rows += 1
@@ -245,12 +249,12 @@ def compute_stats(
             raise InputError(f"overrides ({' '.join(overrides)}) apply to a config, not {p}")
         info_path = (p / "dataset.json") if p.is_dir() else None
         info = json.loads(info_path.read_text()) if info_path and info_path.exists() else {}
-        if is_pair_dataset(p, split):
-            lengths = pair_lengths_from_dataset(p, split)
+        if is_pair_dataset(p, split, skip_bad):
+            lengths = pair_lengths_from_dataset(p, split, skip_bad)
             if not lengths.longer_side:
                 raise InputError(f"{p}: no pairs in split {split!r}")
             return lengths.result(info.get("max_seq_length"))
-        per_source = lengths_from_dataset(p, split)
+        per_source = lengths_from_dataset(p, split, skip_bad)
         if not sum(s["rows"][0] for s in per_source.values()):
             raise InputError(f"{p}: no rows in split {split!r}")
         max_len = None

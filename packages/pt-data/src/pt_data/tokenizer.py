@@ -100,11 +100,18 @@ def row_texts(row: dict) -> list[str]:
     return out
 
 
-def train_tokenizer_on_rows(paths, out_dir: str | Path, *, vocab_size: int = 512):
+def train_tokenizer_on_rows(
+    paths, out_dir: str | Path, *, vocab_size: int = 512, skip_bad: bool = False
+):
     """Train :func:`build_tokenizer` on the text of row files and save it atomically."""
     from pt_core.files import atomic_path, iter_rows
 
-    texts = [text for path in paths for row in iter_rows(path) for text in row_texts(row)]
+    texts = [
+        text
+        for path in paths
+        for row in iter_rows(path, skip_bad=skip_bad)
+        for text in row_texts(row)
+    ]
     if not any(t.strip() for t in texts):
         from pt_core.errors import InputError
 
