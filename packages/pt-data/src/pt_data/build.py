@@ -319,7 +319,7 @@ class Builder:
         return pack_table(batch.ids, batch.labels, batch.offsets, max_len, packing=tcfg.packing)
 
     def _tokenize_pairs(self, items: list[MixedRow], split: str):
-        from pt_core.contracts import TOKENIZED_PREFERENCE_COLUMNS
+        from pt_core.contracts import IGNORE_INDEX, TOKENIZED_PREFERENCE_COLUMNS
         from pt_data.preferences import PairLimits, ParallelPairs, get_preference_tokenizer
 
         tcfg = self.cfg.tokenizer
@@ -344,7 +344,7 @@ class Builder:
                 len(row[k]) for k in ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids")
             )
             trained = sum(
-                1 for k in ("chosen_labels", "rejected_labels") for x in row[k] if x != -100
+                1 for k in ("chosen_labels", "rejected_labels") for x in row[k] if x != IGNORE_INDEX
             )
             for counts in (c, self.source_tokens[item.source]):
                 counts["pairs"] += 1

@@ -239,7 +239,7 @@ def templates() -> None:
     for name in known_transforms():
         t = get_transform(name)
         doc = (t.fn.__doc__ or "").strip().splitlines()[0] if t.fn.__doc__ else ""
-        typer.echo(f"transform {name:<18} -> {t.kind or '?':<13} {doc}", err=True)
+        typer.echo(f"transform {name:<20} -> {t.kind or '?':<13} {doc}", err=True)
 
 
 _main = make_main(app)
