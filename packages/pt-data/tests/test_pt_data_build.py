@@ -290,7 +290,9 @@ def test_errors_name_the_place_and_leave_nothing_behind(tmp_path):
     with pytest.raises(InputError, match=r"missing column\(s\) 'instruction'.*'question', 'reply'"):
         build(cfg, out_dir=tmp_path / "o2")
     cfg = DataConfig.model_validate({"datasets": [{"source": str(src), "transform": "alpacca"}]})
-    with pytest.raises(ConfigError, match="unknown transform 'alpacca'.*alpaca, gsm8k"):
+    with pytest.raises(
+        ConfigError, match="unknown transform 'alpacca'.*alpaca, conversation_prompts, gsm8k"
+    ):
         build(cfg, out_dir=tmp_path / "o3")
     assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
 
@@ -395,3 +397,35 @@ def test_without_packing_each_sequence_is_its_own_row(tmp_path, tiny_tokenizer_d
     assert fields["rows"] == len(rows) == 30
     assert all(r["seq_lens"] == [len(r["input_ids"])] for r in rows)
     assert all(r["position_ids"] == list(range(len(r["input_ids"]))) for r in rows)
+
+
+def test_conversations_become_prompts_with_their_gold_answers(tmp_path):
+    # The prompt is every turn through the last user turn; the final assistant reply is
+    # dropped. The gold answer is the row's own 'answer', else the reply's last \boxed{}.
+    system = {"role": "system", "content": "Be brief."}
+    ask = {"role": "user", "content": "What is 6 * 7?"}
+    reply = {"role": "assistant", "content": "6 * 7 = 42, so \\boxed{42}."}
+    rows = [
+        {"id": "boxed", "messages": [system, ask, reply], "level": 2},
+        {"id": "own", "messages": [ask, reply], "answer": 42.0},
+        {"id": "gsm", "messages": [ask, reply], "answer": "6 sevens\n#### 42"},
+        {"id": "none", "messages": [ask, {"role": "assistant", "content": "forty-two"}]},
+        {"id": "open", "messages": [ask]},  # already a prompt: nothing to drop
+        {"id": "mute", "messages": [system, reply]},  # no user turn: dropped, counted
+    ]
+    src = write_jsonl(tmp_path / "chat.jsonl", rows)
+    cfg = DataConfig.model_validate(
+        {
+            "datasets": [{"source": str(src), "transform": "conversation_prompts"}],
+            "shuffle": False,
+            "dedup": "none",
+        }
+    )
+    fields = build(cfg, out_dir=tmp_path / "o")
+    out = read_rows(split_path(fields["path"], "train"))
+    assert fields["format"] == "prompts" and fields["dropped"] == {"no_user_turn": 1}
+    assert [r["id"] for r in out] == ["boxed", "own", "gsm", "none", "open"]
+    assert out[0]["prompt"] == [system, ask] and out[0]["level"] == 2
+    assert [r["prompt"] for r in out[1:]] == [[ask]] * 4
+    assert [r["answer"] for r in out] == ["42", "42", "42", None, None]
+    assert all("messages" not in r for r in out)

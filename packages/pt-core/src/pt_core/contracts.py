@@ -11,6 +11,15 @@ IGNORE_INDEX = -100  # label of a token that carries no loss
 CONVERSATION_COLUMNS = ("messages",)
 TOKENIZED_COLUMNS = ("input_ids", "labels", "position_ids")
 PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")
+# A tokenized pair: the prompt once; per answer its ids (what follows the prompt) and labels
+# (the id where trained, IGNORE_INDEX elsewhere), as long as its ids.
+TOKENIZED_PREFERENCE_COLUMNS = (
+    "prompt_input_ids",
+    "chosen_input_ids",
+    "chosen_labels",
+    "rejected_input_ids",
+    "rejected_labels",
+)
 PROMPT_COLUMNS = ("id", "prompt")
 ROLLOUT_COLUMNS = (
     "id",

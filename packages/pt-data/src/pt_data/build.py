@@ -103,17 +103,42 @@ class ShardWriter:
         self.pending_rows = rest.num_rows
 
 
-def rows_table(rows: list[dict], where: str):
+def rows_table(rows: list[dict], where: str, *, token_columns: tuple[str, ...] = ()):
+    """Rows as one arrow table; ``token_columns`` (lists of token ids) are stored as int32."""
     import pyarrow as pa
 
     try:
-        return pa.Table.from_pylist(rows)
+        if not token_columns:
+            return pa.Table.from_pylist(rows)
+        table = pa.Table.from_pylist(
+            [{k: v for k, v in r.items() if k not in token_columns} for r in rows]
+        )
+        for name in token_columns:
+            values = pa.array([r[name] for r in rows], type=pa.list_(pa.int32()))
+            table = table.append_column(name, values)
+        return table
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise InputError(
             f"{where}: rows do not share one type per column ({exc})",
             hint="make each column hold one type (e.g. map it in a transform), or drop it with "
             "a custom transform",
         ) from None
+
+
+# Tokenizer keys for one kind of rows only: set for the other kind, they would do nothing.
+_KEYS_NOT_FOR = {
+    "preferences": ("packing", "train_on"),  # one pair per row; the answers are trained
+    "conversations": ("max_prompt_length", "max_completion_length"),
+}
+
+
+def _reject_keys(tcfg, kind: str) -> None:
+    given = sorted(set(_KEYS_NOT_FOR[kind]) & tcfg.model_fields_set)
+    if given:
+        raise ConfigError(
+            f"data.tokenizer.{given[0]} does not apply to {kind} (these rows)",
+            hint=f"remove data.tokenizer.{given[0]}",
+        )
 
 
 class Builder:
@@ -135,6 +160,7 @@ class Builder:
             )
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.source_tokens: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.pairs = None  # ParallelPairs, once the rows turn out to be preferences
 
     @property
     def tokenized(self) -> bool:
@@ -142,18 +168,29 @@ class Builder:
 
     def output_format(self) -> str:
         kind = self.mixer.kind
-        if self.cfg.tokenizer is not None:
+        tcfg = self.cfg.tokenizer
+        if tcfg is not None and kind == "preferences":
+            if self.cfg.format not in (None, "preferences"):
+                raise ConfigError(
+                    f"data.format is {self.cfg.format!r} but the transforms make preferences rows",
+                    hint="set format: preferences or leave it unset",
+                )
+            _reject_keys(tcfg, "preferences")
+            return "preferences"
+        if tcfg is not None:
             if kind not in (None, "conversations"):
                 raise ConfigError(
                     f"a tokenizer is set, but the transforms make {kind} rows; only "
-                    "conversations are tokenized and packed",
+                    "conversations and preferences are tokenized",
                     hint="remove data.tokenizer, or use a conversation transform",
                 )
             if self.cfg.format not in (None, "tokenized"):
                 raise ConfigError(
-                    f"data.format is {self.cfg.format!r} but a tokenizer is set",
+                    f"data.format is {self.cfg.format!r} but a tokenizer is set and the "
+                    "transforms make conversations",
                     hint="remove data.tokenizer to write conversations, or set format: tokenized",
                 )
+            _reject_keys(tcfg, "conversations")
             return "tokenized"
         if self.cfg.format not in (None, kind):
             raise ConfigError(
@@ -197,6 +234,8 @@ class Builder:
         finally:
             if encoder is not None:
                 encoder.close()
+            if self.pairs is not None:
+                self.pairs.close()
         return info
 
     def _dropped(self) -> dict[str, int]:
@@ -207,13 +246,16 @@ class Builder:
         return dict(total)
 
     def _write_chunk(self, chunk, n_chunk, tmp: Path, writers, encoder) -> None:
+        fmt = self.output_format()  # a config that does not fit these rows fails here, early
         if self.cfg.shuffle:
             random.Random(f"{self.cfg.seed}:chunk:{n_chunk}").shuffle(chunk)
         by_split: dict[str, list[MixedRow]] = defaultdict(list)
         for item in chunk:
             by_split[item.split].append(item)
         for split, items in sorted(by_split.items()):
-            if self.tokenized:
+            if self.tokenized and fmt == "preferences":
+                table = self._tokenize_pairs(items, split)
+            elif self.tokenized:
                 table = self._tokenize(items, split, encoder)
             else:
                 table = rows_table([i.row for i in items], f"{split} rows")
@@ -276,12 +318,50 @@ class Builder:
             return pa.table({})
         return pack_table(batch.ids, batch.labels, batch.offsets, max_len, packing=tcfg.packing)
 
+    def _tokenize_pairs(self, items: list[MixedRow], split: str):
+        from pt_core.contracts import IGNORE_INDEX, TOKENIZED_PREFERENCE_COLUMNS
+        from pt_data.preferences import PairLimits, ParallelPairs, get_preference_tokenizer
+
+        tcfg = self.cfg.tokenizer
+        if self.pairs is None:
+            limits = PairLimits(
+                tcfg.max_seq_length,
+                tcfg.max_prompt_length,
+                tcfg.max_completion_length,
+                tcfg.truncate,
+            )
+            pt = get_preference_tokenizer(self.tokenizer, tcfg.chat_template)
+            self.pairs = ParallelPairs(pt, limits, self.cfg.num_proc)
+        results = self.pairs([i.row for i in items], ids=[i.row.get("id") for i in items])
+        rows = []
+        c = self.counts[split]
+        for item, result in zip(items, results, strict=True):
+            if result.row is None:
+                self.mixer.stats[item.source].dropped[result.reason] += 1
+                continue
+            row = result.row
+            tokens = sum(
+                len(row[k]) for k in ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids")
+            )
+            trained = sum(
+                1 for k in ("chosen_labels", "rejected_labels") for x in row[k] if x != IGNORE_INDEX
+            )
+            for counts in (c, self.source_tokens[item.source]):
+                counts["pairs"] += 1
+                counts["tokens"] += tokens
+                counts["trained_tokens"] += trained
+            c["truncated"] += result.truncated
+            c["boundary_merged"] += result.boundary_merged
+            rows.append(row)
+        return rows_table(rows, f"{split} pairs", token_columns=TOKENIZED_PREFERENCE_COLUMNS)
+
     def _dataset_info(self, writers) -> dict[str, Any]:
         cfg = self.cfg
         fmt = self.output_format()
         splits = {s: self.counts[s]["rows"] for s in sorted(writers)}
         info: dict[str, Any] = {
             "format": fmt,
+            "tokenized": self.tokenized,
             "splits": splits,
             "counts": {s: dict(self.counts[s]) for s in sorted(writers)},
             "config_hash": data_hash(cfg),
@@ -304,13 +384,22 @@ class Builder:
                 "eos_token": self.tokenizer.eos_token,
             }
             info["max_seq_length"] = t.max_seq_length
-            info["packing"] = t.packing
             info["tokens"] = sum(c["tokens"] for c in self.counts.values())
-            info["packing_efficiency"] = (
-                round(train["tokens"] / (train["rows"] * t.max_seq_length), 4)
-                if train["rows"]
-                else 0.0
-            )
+            if fmt == "preferences":
+                del info["tokenizer"]["train_on"]
+                info["max_prompt_length"] = t.max_prompt_length
+                info["max_completion_length"] = t.max_completion_length
+                info["truncate"] = t.truncate
+                info["pairs"] = sum(c["pairs"] for c in self.counts.values())
+                info["truncated"] = sum(c["truncated"] for c in self.counts.values())
+                info["boundary_merged"] = sum(c["boundary_merged"] for c in self.counts.values())
+            else:
+                info["packing"] = t.packing
+                info["packing_efficiency"] = (
+                    round(train["tokens"] / (train["rows"] * t.max_seq_length), 4)
+                    if train["rows"]
+                    else 0.0
+                )
         info["config"] = cfg.model_dump(mode="json")
         return info
 
@@ -345,14 +434,14 @@ def manifest_fields(out: Path, info: dict[str, Any]) -> dict[str, Any]:
     fields = {
         "path": str(out),
         "format": info["format"],
+        "tokenized": info["tokenized"],
         "rows": info["splits"].get("train", sum(info["splits"].values())),
         "splits": info["splits"],
         "config_hash": info["config_hash"],
         "bad_lines": info["bad_lines"],
         "dropped": info["dropped"],
     }
-    if "tokens" in info:
-        fields["tokens"] = info["tokens"]
-        fields["packing_efficiency"] = info["packing_efficiency"]
-        fields["max_seq_length"] = info["max_seq_length"]
+    for key in ("tokens", "packing_efficiency", "max_seq_length", "truncated"):
+        if key in info:
+            fields[key] = info[key]
     return fields

@@ -3,6 +3,7 @@
     pt-data build data.yaml [data.seed=3 ...]     -> one manifest line on stdout
     pt-data inspect data.yaml --stage tokenized -n 3
     pt-data stats data.yaml|DATASET [--plot lengths.png]
+    pt-data pairs grades.jsonl|-                  -> preference pairs from graded rollouts
     pt-data synth arithmetic --n 2000 --out data/arith
 
 This module only parses arguments and calls library functions.
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from pt_core.cli import make_app, make_main, split_overrides
+from pt_core.cli import make_app, make_main, report_error, split_overrides
 from pt_core.errors import InputError
 from pt_core.manifest import emit_manifest, resolve_input
 from pt_data import __version__
@@ -24,6 +25,25 @@ from pt_data import __version__
 app = make_app(
     "pt-data", "Load, transform, mix, template, tokenize, pack and inspect datasets.", __version__
 )
+
+_BOOLEAN_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
+
+
+def flag(name: str, help: str):
+    """An on/off option that takes no value (shown without a value type in --help)."""
+    return typer.Option(False, name, help=help, metavar="")
+
+
+def overrides_of(words: list[str] | None) -> list[str]:
+    """The ``key=value`` words after a config; anything else is one clear error."""
+    words = split_overrides(words)
+    for word in words:
+        if "=" not in word:
+            hint = "write overrides as key=value, e.g. data.seed=3"
+            if word.lower() in _BOOLEAN_WORDS:
+                hint = "flags take no value: give the flag alone to turn it on"
+            raise InputError(f"{word!r} is not an override (key=value)", hint=hint)
+    return words
 
 
 @app.command()
@@ -33,15 +53,13 @@ def build(
     out: Path | None = typer.Option(
         None, "--out", "-o", help="output directory (overrides data.output_dir)"
     ),
-    skip_bad: bool = typer.Option(
-        False, "--skip-bad", help="skip malformed jsonl lines and count them"
-    ),
+    skip_bad: bool = flag("--skip-bad", "skip malformed jsonl lines and count them"),
 ) -> None:
     """Build a dataset directory (parquet shards + dataset.json) and print its manifest."""
     from pt_data.build import build as run_build
     from pt_data.config import load_data_config
 
-    cfg = load_data_config(config, split_overrides(overrides))
+    cfg = load_data_config(config, overrides_of(overrides))
     fields = run_build(cfg, out_dir=out, skip_bad=skip_bad or None)
     emit_manifest("dataset", fields.pop("path"), **fields)
 
@@ -53,24 +71,45 @@ def inspect(
     stage: str = typer.Option(
         "tokenized", "--stage", "-s", help="raw | transformed | formatted | tokenized"
     ),
-    n: int = typer.Option(3, "-n", help="rows to show (per dataset)"),
+    n: int = typer.Option(3, "-n", min=1, help="rows to show (per dataset)"),
     dataset: int | None = typer.Option(None, "--dataset", "-d", help="only this dataset (index)"),
     split: str = typer.Option("train", "--split", help="split of a built dataset"),
-    as_json: bool = typer.Option(
-        False, "--json", help="also print the rows as JSON lines on stdout"
+    tokenizer: str | None = typer.Option(
+        None,
+        "--tokenizer",
+        help="tokenizer to decode a built dataset with (default: the one in its dataset.json)",
     ),
+    as_json: bool = flag("--json", "also print the rows as JSON lines on stdout"),
+    skip_bad: bool = flag("--skip-bad", "skip malformed jsonl lines"),
 ) -> None:
-    """Show rows at one stage; at 'tokenized' the trained tokens are highlighted."""
+    """Show rows at one stage; at 'tokenized' the trained tokens are highlighted.
+
+    Preference pairs show the prompt once, chosen and rejected side by side.
+    """
     from pt_data.inspect import inspect_config, inspect_dataset, show
 
     if target == "-" or not target.endswith((".yaml", ".yml")):
+        if overrides:
+            raise InputError(
+                f"overrides ({' '.join(overrides)}) apply to a config; {target} is a dataset"
+            )
         path, _ = resolve_input(target, expected=("dataset",))
-        records, _ = inspect_dataset(path, n=n, split=split)
+        tok = None
+        if tokenizer is not None:
+            from pt_data.build import load_tokenizer
+
+            tok = load_tokenizer(tokenizer)
+        records, _ = inspect_dataset(path, n=n, split=split, tokenizer=tok, skip_bad=skip_bad)
     else:
         from pt_data.config import load_data_config
 
-        cfg = load_data_config(target, split_overrides(overrides))
-        records = inspect_config(cfg, stage, n=n, dataset=dataset)
+        if tokenizer is not None:
+            raise InputError(
+                "--tokenizer decodes a built dataset; a config names its tokenizer",
+                hint="pass data.tokenizer.name_or_path=DIR after the config instead",
+            )
+        cfg = load_data_config(target, overrides_of(overrides))
+        records = inspect_config(cfg, stage, n=n, dataset=dataset, skip_bad=skip_bad)
     show(records)
     if as_json:
         for rec in records:
@@ -87,24 +126,76 @@ def stats(
     ),
     split: str = typer.Option("train", "--split", help="split of a built dataset"),
     limit: int | None = typer.Option(
-        None, "--limit", help="count only the first N rows of a config"
+        None, "--limit", min=1, help="count only the first N rows of a config"
     ),
+    skip_bad: bool = flag("--skip-bad", "skip malformed jsonl lines"),
 ) -> None:
-    """Token counts (total, mean, min, max, percentiles) per source, and a length histogram.
-    Prints the figures as one JSON line on stdout, the table on stderr."""
+    """Token counts per source, or per part of a pair, and a length histogram.
+
+    Total, mean, min, max and percentiles per source (pairs: prompt, chosen, rejected);
+    the figures as one JSON line on stdout, the table on stderr.
+    """
     from pt_data.stats import compute_stats, plot_lengths, render_stats
 
-    if target != "-" and not Path(target).exists():
-        raise InputError(f"{target}: no such file or directory")
     if target == "-":
         path, _ = resolve_input(target, expected=("dataset",))
         target = str(path)
-    result = compute_stats(target, split_overrides(overrides), split=split, limit=limit)
+    elif not Path(target).exists():
+        raise InputError(f"{target}: no such file or directory")
+    result = compute_stats(
+        target, overrides_of(overrides), split=split, limit=limit, skip_bad=skip_bad
+    )
     lengths = result.pop("_lengths")
     render_stats(result)
     if plot is not None:
         result["plot"] = str(plot_lengths(lengths, plot, result.get("max_seq_length")))
     sys.stdout.write(json.dumps(result) + "\n")
+
+
+@app.command()
+def pairs(
+    input: str = typer.Argument(
+        ...,
+        metavar="FILE|-",
+        help="graded rollouts (pt-eval grade output), or - for its manifest on stdin",
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="dataset directory to write (default: beside the input, INPUT.pairs)",
+    ),
+    strategy: str = typer.Option(
+        "one",
+        "--strategy",
+        help="one: a correct and an incorrect sample per prompt; all: every correct x "
+        "incorrect pair (at most --k); margin: samples whose --score-key differs by --margin",
+    ),
+    k: int | None = typer.Option(
+        None, "--k", help="all, margin: at most this many pairs per prompt (seeded sample)"
+    ),
+    seed: int = typer.Option(0, "--seed", help="seed of the choices (per prompt id)"),
+    score_key: str | None = typer.Option(
+        None,
+        "--score-key",
+        help="numeric column: the margin strategy's score; with one/all it fills 'margin'",
+    ),
+    margin: float | None = typer.Option(
+        None, "--margin", help="margin: least score difference (default: any positive one)"
+    ),
+    skip_bad: bool = flag("--skip-bad", "skip malformed jsonl lines and count them"),
+) -> None:
+    """Preference pairs for on-policy DPO from graded rollouts; prints the dataset manifest.
+
+    Correct against incorrect samples of one prompt, with the rollouts' own token ids.
+    """
+    from pt_data.pairs import PairOptions, write_pairs
+
+    options = PairOptions(strategy=strategy, k=k, seed=seed, score_key=score_key, margin=margin)
+    options.check()
+    path, _ = resolve_input(input, expected=("grades", "rollouts", "scores"))
+    fields = write_pairs(path, out, options, skip_bad=skip_bad)
+    emit_manifest("dataset", fields.pop("path"), **fields)
 
 
 @app.command()
@@ -129,11 +220,12 @@ def tokenizer(
     ),
     out: Path = typer.Option(..., "--out", "-o", help="directory for the tokenizer files"),
     vocab_size: int = typer.Option(512, "--vocab-size", help="at most this many tokens"),
+    skip_bad: bool = flag("--skip-bad", "skip malformed jsonl lines"),
 ) -> None:
     """Train a small byte-level BPE tokenizer with a ChatML template on local text (offline)."""
     from pt_data.tokenizer import train_tokenizer_on_rows
 
-    tok = train_tokenizer_on_rows(texts, out, vocab_size=vocab_size)
+    tok = train_tokenizer_on_rows(texts, out, vocab_size=vocab_size, skip_bad=skip_bad)
     emit_manifest("tokenizer", out, vocab_size=len(tok))
 
 
@@ -147,10 +239,25 @@ def templates() -> None:
     for name in known_transforms():
         t = get_transform(name)
         doc = (t.fn.__doc__ or "").strip().splitlines()[0] if t.fn.__doc__ else ""
-        typer.echo(f"transform {name:<18} -> {t.kind or '?':<13} {doc}", err=True)
+        typer.echo(f"transform {name:<20} -> {t.kind or '?':<13} {doc}", err=True)
 
 
-main = make_main(app)
+_main = make_main(app)
+
+
+def main() -> None:
+    try:
+        _main()
+    except OSError as exc:  # a path that cannot be read or written: the user's to fix
+        where = exc.filename if exc.filename is not None else "a file"
+        report_error(
+            InputError(
+                f"{where}: {exc.strerror or exc}",
+                hint="check the path, that its folder exists and that it may be written",
+            )
+        )
+        sys.exit(2)
+
 
 if __name__ == "__main__":
     main()

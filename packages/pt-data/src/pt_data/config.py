@@ -85,8 +85,18 @@ class TokenizerSpec(Section):
         None, description="None: the tokenizer's own; a name (chatml, plain); a .jinja file"
     )
     max_seq_length: int = Field(2048, ge=8)
+    max_prompt_length: int | None = Field(
+        None, ge=1, description="preferences: drop pairs whose prompt has more tokens"
+    )
+    max_completion_length: int | None = Field(
+        None, ge=1, description="preferences: longer answers drop the pair (truncate: cut them)"
+    )
     packing: bool = True
-    truncate: bool = False
+    truncate: bool = Field(
+        False,
+        description="false: drop over-long sequences or pairs; true: keep the head of a "
+        "sequence, of a pair's answers",
+    )
     train_on: Literal["assistant", "last"] = "assistant"
 
 
@@ -156,7 +166,15 @@ def load_data_config(path: str | os.PathLike, overrides: list[str] | None = None
     overrides = [o if o.startswith("data.") else f"data.{o}" for o in (overrides or [])]
     from pt_core.config import read_yaml
 
-    raw, _ = read_yaml(path)
+    if Path(path).is_dir():
+        raise ConfigError(
+            f"{path}: is a directory; expected a YAML file with a 'data:' section",
+            hint="inspect and stats also take a built dataset directory; build takes a config",
+        )
+    try:
+        raw, _ = read_yaml(path)
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text (YAML) file") from None
     if "data" not in raw:
         raise ConfigError(
             f"{path}: no 'data:' section",

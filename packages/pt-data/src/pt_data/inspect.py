@@ -3,7 +3,8 @@
 Stages: ``raw`` (as read), ``transformed`` (the row schema), ``formatted`` (the chat
 template's text), ``tokenized`` (the text again, trained tokens highlighted, with
 token counts and the number of BOS tokens). A built tokenized dataset can be shown
-too: its packed rows are decoded sequence by sequence.
+too: its packed rows are decoded sequence by sequence. Preference pairs show the
+prompt once, then chosen and rejected side by side.
 """
 
 from __future__ import annotations
@@ -37,14 +38,16 @@ def masked_text(tokenizer, input_ids: list[int], labels: list[int]):
     return text
 
 
-def inspect_config(cfg, stage: str, n: int = 3, dataset: int | None = None) -> list[dict[str, Any]]:
+def inspect_config(
+    cfg, stage: str, n: int = 3, dataset: int | None = None, *, skip_bad: bool | None = None
+) -> list[dict[str, Any]]:
     """The first ``n`` rows of each dataset (or of ``dataset``) at ``stage``, as records that
     :func:`show` prints."""
     from pt_data.mix import Mixer
 
     if stage not in STAGES:
         raise InputError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-    mixer = Mixer(cfg)
+    mixer = Mixer(cfg, skip_bad=skip_bad or None)
     indices = range(len(cfg.datasets)) if dataset is None else [dataset]
     if dataset is not None and not 0 <= dataset < len(cfg.datasets):
         raise InputError(f"--dataset {dataset}: the config has {len(cfg.datasets)} dataset(s)")
@@ -53,14 +56,16 @@ def inspect_config(cfg, stage: str, n: int = 3, dataset: int | None = None) -> l
         ct = _conversation_tokenizer(cfg)
     records = []
     for i in indices:
-        for raw, row in mixer.transformed(i, limit=n):
+        for raw, row, dropped in mixer.transformed(i, limit=n):
             rec: dict[str, Any] = {"source": mixer.names[i]}
             if stage == "raw":
                 rec["row"] = raw
+            elif row is None:
+                rec["row"], rec["dropped"] = raw, dropped
             elif stage == "transformed":
                 rec["row"] = row
-            elif row is None:
-                rec["row"] = None
+            elif "chosen" in row:
+                rec.update(_pair_record(ct, row, stage))
             else:
                 messages = _messages(row)
                 if stage == "formatted":
@@ -73,11 +78,34 @@ def inspect_config(cfg, stage: str, n: int = 3, dataset: int | None = None) -> l
     return records
 
 
+def _pair_record(ct, row: dict, stage: str) -> dict[str, Any]:
+    """A preference row at the formatted stage (the prompt's text, each answer's text after
+    it) or tokenized (the tokenized pair, or why it would be dropped)."""
+    from pt_data.preferences import PairLimits, get_preference_tokenizer
+
+    if stage == "formatted":
+        from pt_data.preferences import normalize_preference_row
+
+        norm, reason = normalize_preference_row(row)
+        if norm is None:
+            return {"row": row, "dropped": reason}
+        render = ct.renderer.render
+        prompt = render(norm["prompt"], add_generation_prompt=True)
+        pair = {"prompt": prompt}
+        for side in ("chosen", "rejected"):
+            full = render(norm["prompt"] + norm[side])
+            pair[side] = full[len(prompt) :] if full.startswith(prompt) else full
+        return {"pair": pair}
+    pt = get_preference_tokenizer(ct.tokenizer, ct.renderer.source)
+    (result,) = pt.tokenize([row], PairLimits())
+    if result.row is None:
+        return {"row": row, "dropped": result.reason}
+    return {"pair": result.row, "tokenizer": ct.tokenizer}
+
+
 def _messages(row: dict) -> list[dict]:
     if "messages" in row:
         return row["messages"]
-    if "chosen" in row:
-        return row["prompt"] + row["chosen"]
     prompt = row["prompt"]
     return prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
 
@@ -97,29 +125,39 @@ def _conversation_tokenizer(cfg):
     )
 
 
-def inspect_dataset(path: str | Path, n: int = 3, split: str = "train", tokenizer=None):
-    """The first ``n`` rows of a built dataset; tokenized rows with their tokenizer."""
+def inspect_dataset(
+    path: str | Path, n: int = 3, split: str = "train", tokenizer=None, *, skip_bad: bool = False
+):
+    """The first ``n`` rows of a built dataset; tokenized rows with their tokenizer (pairs
+    from rollouts, which record none, are shown from their text columns without one)."""
     from pt_core.files import iter_rows, split_path
     from pt_data.build import load_tokenizer
 
     p = Path(path)
     records = []
     info = json.loads((p / "dataset.json").read_text()) if (p / "dataset.json").exists() else {}
-    for k, row in enumerate(iter_rows(split_path(p, split))):
+    rows = iter_rows(split_path(p, split), skip_bad=skip_bad)
+    for k, row in enumerate(rows):
         if k >= n:
             break
-        if "input_ids" in row:
-            if tokenizer is None:
-                name = (info.get("tokenizer") or {}).get("name_or_path")
-                if not name:
-                    raise InputError(
-                        f"{p}: tokenized rows but no tokenizer recorded in dataset.json",
-                        hint="pass --tokenizer DIR",
-                    )
-                tokenizer = load_tokenizer(name)
+        pair = "prompt_input_ids" in row
+        has_text = all(isinstance(row.get(c), str | list) for c in ("prompt", "chosen", "rejected"))
+        if ("input_ids" in row or pair) and tokenizer is None and not (pair and has_text):
+            name = (info.get("tokenizer") or {}).get("name_or_path")
+            if not name:
+                raise InputError(
+                    f"{p}: tokenized rows but no tokenizer recorded in dataset.json",
+                    hint="pass --tokenizer DIR (the model's tokenizer directory)",
+                )
+            tokenizer = load_tokenizer(name)
+        if pair:
+            records.append({"source": f"{split} row {k}", "pair": row, "tokenizer": tokenizer})
+        elif "input_ids" in row:
             records.append({"source": f"{split} row {k}", **row, "tokenizer": tokenizer})
         else:
             records.append({"source": f"{split} row {k}", "row": row})
+    if not records:
+        raise InputError(f"{p}: no rows to show", hint="check the path and the --split")
     return records, tokenizer
 
 
@@ -131,8 +169,12 @@ def show(records: list[dict[str, Any]], tokenizer=None) -> None:
 
     for rec in records:
         title = rec["source"]
-        if "row" in rec:
+        if "pair" in rec:
+            body, title = _pair_view(rec["pair"], rec.get("tokenizer") or tokenizer, title)
+        elif "row" in rec:
             body: Any = Text(json.dumps(rec["row"], ensure_ascii=False, indent=2, default=str))
+            if rec.get("dropped"):
+                title += f" — dropped ({rec['dropped']})"
         elif "text" in rec:
             body = Text(rec["text"])
         else:
@@ -157,3 +199,51 @@ def show(records: list[dict[str, Any]], tokenizer=None) -> None:
                 f"{len(seq_lens)} sequence(s), BOS x{bos_count}"
             )
         console.print(Panel(body, title=title, title_align="left"))
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, list):
+        return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in prompt)
+    return str(prompt)
+
+
+def _pair_view(pair: dict, tok, title: str):
+    """The prompt once, then a table with chosen and rejected side by side."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(expand=True, show_lines=False)
+    parts = []
+    ids = "prompt_input_ids" in pair
+    if ids and tok is not None:
+        prompt = Text(tok.decode(pair["prompt_input_ids"]), style=PROMPT_STYLE)
+    else:
+        prompt = Text(_prompt_text(pair["prompt"]), style=PROMPT_STYLE)
+    cells = []
+    for side in ("chosen", "rejected"):
+        if not ids:  # the formatted stage: text only
+            table.add_column(side)
+            cells.append(Text(pair[side]))
+            continue
+        side_ids, labels = pair[f"{side}_input_ids"], pair[f"{side}_labels"]
+        trained = sum(1 for x in labels if x != IGNORE_INDEX)
+        table.add_column(f"{side}: {len(side_ids)} tokens, {trained} trained")
+        if tok is not None:
+            cells.append(masked_text(tok, side_ids, labels))
+        else:  # pairs from rollouts: all tokens trained, shown as the sampled text
+            style = TRAINED_STYLE if trained == len(side_ids) else None
+            cells.append(Text(str(pair[side]), style=style))
+    table.add_row(*cells)
+    if ids:
+        n_prompt = len(pair["prompt_input_ids"])
+        title += f" — prompt {n_prompt} tokens"
+        if tok is not None and tok.bos_token_id is not None:
+            title += f", BOS x{pair['prompt_input_ids'].count(tok.bos_token_id)}"
+        title += "; trained tokens highlighted"
+        if pair.get("margin") is not None:
+            title += f"; margin {pair['margin']:g}"
+    parts.append(Text("prompt", style="bold cyan"))
+    parts.append(prompt)
+    parts.append(table)
+    return Group(*parts), title

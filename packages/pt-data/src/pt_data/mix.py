@@ -34,7 +34,7 @@ from typing import Any
 from pt_core.errors import ConfigError, InputError
 from pt_data.config import DataConfig, DatasetSpec
 from pt_data.sources import BadRows, iter_source
-from pt_data.transforms import Transform, get_transform, infer_kind
+from pt_data.transforms import SkipRow, Transform, get_transform, infer_kind
 
 
 @dataclass
@@ -100,12 +100,14 @@ def filter_reason(row: dict, kind: str, cfg: DataConfig) -> str | None:
             return "no_assistant"
         text_len = sum(len(m["content"]) for m in msgs if isinstance(m.get("content"), str))
     elif kind == "preferences":
-        parts = [row["prompt"], row["chosen"], row["rejected"]]
-        if f.drop_empty_turns and any(
-            not m.get("content") or not str(m["content"]).strip() for p in parts for m in p
-        ):
+        texts = [
+            str(m.get("content") or "") if isinstance(m, dict) else str(m)
+            for key in ("prompt", "chosen", "rejected")
+            for m in (row[key] if isinstance(row[key], list) else [row[key]])
+        ]
+        if f.drop_empty_turns and any(not t.strip() for t in texts):
             return "empty_turn"
-        text_len = sum(len(str(m.get("content"))) for p in parts for m in p)
+        text_len = sum(len(t) for t in texts)
     else:
         prompt = row.get("prompt")
         if f.drop_empty_turns and (
@@ -144,14 +146,22 @@ class Mixer:
         self.kind: str | None = None
         self._seen: set[bytes] = set()
 
-    def transformed(self, index: int, limit: int | None = None) -> Iterator[tuple[dict, dict]]:
-        """``(raw, transformed)`` pairs of one dataset, before filters (for inspect)."""
+    def transformed(
+        self, index: int, limit: int | None = None
+    ) -> Iterator[tuple[dict, dict | None, str | None]]:
+        """``(raw, transformed, None)`` of one dataset's rows, before filters (for inspect); a
+        row the transform drops comes as ``(raw, None, reason)``."""
         spec, t = self.cfg.datasets[index], self.transforms[index]
         bad = BadRows()
         for n, raw in enumerate(iter_source(spec, skip_bad=self.skip_bad, bad=bad)):
             if limit is not None and n >= limit:
                 break
-            yield raw, self._apply(spec, t, raw, n)
+            try:
+                out = self._apply(spec, t, raw, n)
+            except SkipRow as skip:
+                yield raw, None, skip.reason
+            else:
+                yield raw, out, None if out is not None else "transform"
 
     def _apply(self, spec: DatasetSpec, t: Transform, raw: dict, n: int) -> dict | None:
         try:
@@ -194,7 +204,11 @@ class Mixer:
             bad = BadRows()
             for n, raw in enumerate(iter_source(spec, skip_bad=self.skip_bad, bad=bad)):
                 stats.read += 1
-                out = self._apply(spec, t, raw, n)
+                try:
+                    out = self._apply(spec, t, raw, n)
+                except SkipRow as skip:
+                    stats.dropped[skip.reason] += 1
+                    continue
                 if out is None:
                     stats.dropped["transform"] += 1
                     continue

@@ -2,7 +2,9 @@
 
 Counts per source and overall: sequences, tokens (total, mean, min, max,
 percentiles), trained tokens, and a histogram of sequence lengths, printed in the
-terminal and optionally drawn to a PNG.
+terminal and optionally drawn to a PNG. For preference pairs: the same figures for
+the prompt, the chosen and the rejected answers, and for the longer side of each pair
+(prompt + longer answer, what ``max_seq_length`` limits), whose lengths the histogram shows.
 """
 
 from __future__ import annotations
@@ -38,29 +40,107 @@ def summarize(lengths, trained=None) -> dict[str, Any]:
     return out
 
 
-def lengths_from_config(cfg, *, limit: int | None = None) -> dict[str, dict[str, list[int]]]:
-    """Tokenize a config's mixed rows without writing: ``{source: {lengths, trained}}``."""
-    from pt_data.build import load_tokenizer
-    from pt_data.mix import Mixer
-    from pt_data.tokenize import ConversationTokenizer, ParallelEncoder
+PAIR_PARTS = ("prompt", "chosen", "rejected")
 
-    if cfg.tokenizer is None:
-        raise InputError(
-            "stats needs token counts, and this config has no data.tokenizer",
-            hint="add data.tokenizer.name_or_path, or pass data.tokenizer.name_or_path=DIR",
-        )
-    tok = load_tokenizer(cfg.tokenizer.name_or_path)
-    ct = ConversationTokenizer(
-        tok, chat_template=cfg.tokenizer.chat_template, train_on=cfg.tokenizer.train_on
-    )
-    mixer = Mixer(cfg)
+
+class PairLengths:
+    """Token lengths of pairs: per part, and the trained tokens of each answer."""
+
+    def __init__(self) -> None:
+        self.lengths: dict[str, list[int]] = {k: [] for k in PAIR_PARTS}
+        self.trained: dict[str, list[int]] = {k: [] for k in ("chosen", "rejected")}
+
+    def add(self, row: dict) -> None:
+        for part in PAIR_PARTS:
+            self.lengths[part].append(len(row[f"{part}_input_ids"]))
+        for side in ("chosen", "rejected"):
+            self.trained[side].append(sum(1 for x in row[f"{side}_labels"] if x != -100))
+
+    @property
+    def longer_side(self) -> list[int]:
+        return [p + max(c, r) for p, c, r in zip(*self.lengths.values(), strict=True)]
+
+    def result(self, max_len: int | None) -> dict[str, Any]:
+        longer = self.longer_side
+        out: dict[str, Any] = {
+            "format": "preferences",
+            "pairs": len(longer),
+            "parts": {
+                part: summarize(self.lengths[part], self.trained.get(part)) for part in PAIR_PARTS
+            },
+            "overall": summarize(longer),
+            "histogram": histogram(longer),
+        }
+        if max_len:
+            out["max_seq_length"] = max_len
+            out["over_max_seq_length"] = sum(1 for n in longer if n > max_len)
+        out["_lengths"] = longer
+        return out
+
+
+def _config_rows(cfg, limit: int | None, skip_bad: bool | None):
+    from pt_data.mix import Mixer
+
+    mixer = Mixer(cfg, skip_bad=skip_bad)
     items = []
     for n, item in enumerate(mixer.rows()):
         if limit is not None and n >= limit:
             break
         items.append(item)
-    if mixer.kind not in (None, "conversations"):
-        raise InputError(f"stats counts tokens of conversations; these rows are {mixer.kind}")
+    if not items:
+        raise InputError("the config's datasets give no rows", hint="see pt-data inspect")
+    return mixer, items
+
+
+def pair_stats_from_config(cfg, mixer, items) -> dict[str, Any]:
+    """Tokenize a config's preference rows without writing; the pair figures and the drops
+    (of the mixer, then of the tokenizer's length policy)."""
+    from pt_data.build import load_tokenizer
+    from pt_data.preferences import PairCounts, PairLimits, ParallelPairs, PreferenceTokenizer
+
+    t = cfg.tokenizer
+    pt = PreferenceTokenizer(load_tokenizer(t.name_or_path), chat_template=t.chat_template)
+    limits = PairLimits(t.max_seq_length, t.max_prompt_length, t.max_completion_length, t.truncate)
+    with ParallelPairs(pt, limits, cfg.num_proc) as tokenize:
+        results = tokenize([i.row for i in items], ids=[i.row.get("id") for i in items])
+    lengths, counts = PairLengths(), PairCounts()
+    for source in mixer.stats.values():
+        counts.dropped.update(source.dropped)
+    for result in results:
+        counts.add(result)
+        if result.row is not None:
+            lengths.add(result.row)
+    out = lengths.result(t.max_seq_length)
+    out["dropped"] = counts.as_dict()["dropped"]
+    out["truncated"] = counts.truncated
+    return out
+
+
+def _need_tokenizer(cfg) -> None:
+    if cfg.tokenizer is None:
+        raise InputError(
+            "stats needs token counts, and this config has no data.tokenizer",
+            hint="add data.tokenizer.name_or_path, or pass data.tokenizer.name_or_path=DIR",
+        )
+
+
+def lengths_from_config(
+    cfg, *, limit: int | None = None, skip_bad: bool | None = None, items=None
+) -> dict[str, dict[str, list[int]]]:
+    """Tokenize a config's mixed conversations without writing (``items``: rows already
+    mixed): ``{source: {lengths, trained}}``."""
+    from pt_data.build import load_tokenizer
+    from pt_data.tokenize import ConversationTokenizer, ParallelEncoder
+
+    _need_tokenizer(cfg)
+    if items is None:
+        mixer, items = _config_rows(cfg, limit, skip_bad)
+        if mixer.kind not in (None, "conversations"):
+            raise InputError(f"these rows are {mixer.kind}; conversations were expected")
+    tok = load_tokenizer(cfg.tokenizer.name_or_path)
+    ct = ConversationTokenizer(
+        tok, chat_template=cfg.tokenizer.chat_template, train_on=cfg.tokenizer.train_on
+    )
     out: dict[str, dict[str, list[int]]] = defaultdict(lambda: {"lengths": [], "trained": []})
     with ParallelEncoder(ct, cfg.num_proc) as encode:
         batch = encode([i.row["messages"] for i in items], ids=[i.row.get("id") for i in items])
@@ -72,7 +152,36 @@ def lengths_from_config(cfg, *, limit: int | None = None) -> dict[str, dict[str,
     return dict(out)
 
 
-def lengths_from_dataset(path: str | Path, split: str = "train") -> dict[str, dict[str, list[int]]]:
+def pair_lengths_from_dataset(
+    path: str | Path, split: str = "train", skip_bad: bool = False
+) -> PairLengths:
+    """Prompt, chosen and rejected lengths of a built tokenized preference dataset."""
+    from pt_core.contracts import TOKENIZED_PREFERENCE_COLUMNS
+    from pt_core.files import iter_rows, require_columns
+
+    lengths = PairLengths()
+    source = split_path(path, split)
+    for row in iter_rows(source, skip_bad=skip_bad):
+        require_columns(row, TOKENIZED_PREFERENCE_COLUMNS, str(source))
+        lengths.add(row)
+    return lengths
+
+
+def is_pair_dataset(path: str | Path, split: str = "train", skip_bad: bool = False) -> bool:
+    """Whether the rows of ``path`` are tokenized preference pairs (from the first file)."""
+    import pyarrow.parquet as pq
+
+    from pt_core.files import iter_rows
+
+    first = row_files(split_path(path, split))[0]
+    if first.suffix == ".parquet":
+        return "prompt_input_ids" in pq.ParquetFile(first).schema_arrow.names
+    return "prompt_input_ids" in next(iter_rows(first, skip_bad=skip_bad), {})
+
+
+def lengths_from_dataset(
+    path: str | Path, split: str = "train", skip_bad: bool = False
+) -> dict[str, dict[str, list[int]]]:
     """Sequence lengths of a built tokenized dataset (or a tokenized parquet/jsonl file)."""
     import pyarrow.parquet as pq
 
@@ -99,7 +208,7 @@ def lengths_from_dataset(path: str | Path, split: str = "train") -> dict[str, di
                     lengths.append(len(row["input_ids"]))
                 trained.append(sum(1 for x in row["labels"] if x != -100))
         else:
-            for row in iter_rows(f):
+            for row in iter_rows(f, skip_bad=skip_bad):
                 if "input_ids" not in row:
                     raise InputError(f"{f}: not a tokenized dataset (no 'input_ids')")
                 rows += 1
@@ -114,6 +223,7 @@ def compute_stats(
     *,
     split: str = "train",
     limit: int | None = None,
+    skip_bad: bool = False,
 ) -> dict[str, Any]:
     """Stats of a config file (YAML) or a built dataset (directory / file)."""
     p = Path(target)
@@ -122,14 +232,33 @@ def compute_stats(
         from pt_data.config import load_data_config
 
         cfg = load_data_config(p, overrides)
-        per_source = lengths_from_config(cfg, limit=limit)
+        _need_tokenizer(cfg)
+        mixer, items = _config_rows(cfg, limit, skip_bad or None)
+        if mixer.kind == "preferences":
+            return pair_stats_from_config(cfg, mixer, items)
+        if mixer.kind not in (None, "conversations"):
+            raise InputError(
+                f"stats counts the tokens of conversations and preference pairs; the rows of "
+                f"{p} are {mixer.kind}",
+                hint="run stats on a config whose transforms make conversations or pairs",
+            )
+        per_source = lengths_from_config(cfg, items=items)
         max_len = cfg.tokenizer.max_seq_length
     else:
-        per_source = lengths_from_dataset(p, split)
+        if overrides:
+            raise InputError(f"overrides ({' '.join(overrides)}) apply to a config, not {p}")
         info_path = (p / "dataset.json") if p.is_dir() else None
+        info = json.loads(info_path.read_text()) if info_path and info_path.exists() else {}
+        if is_pair_dataset(p, split, skip_bad):
+            lengths = pair_lengths_from_dataset(p, split, skip_bad)
+            if not lengths.longer_side:
+                raise InputError(f"{p}: no pairs in split {split!r}")
+            return lengths.result(info.get("max_seq_length"))
+        per_source = lengths_from_dataset(p, split, skip_bad)
+        if not sum(s["rows"][0] for s in per_source.values()):
+            raise InputError(f"{p}: no rows in split {split!r}")
         max_len = None
-        if info_path and info_path.exists():
-            info = json.loads(info_path.read_text())
+        if info:
             max_len = info.get("max_seq_length")
             built_sources = {
                 name: {k: s[k] for k in ("sequences", "tokens", "trained_tokens") if k in s}
@@ -175,7 +304,9 @@ def render_stats(result: dict[str, Any]) -> None:
 
     from pt_core.log import console
 
-    table = Table(title="token counts per sequence", title_justify="left")
+    pairs = "parts" in result
+    title = "token counts per pair" if pairs else "token counts per sequence"
+    table = Table(title=title, title_justify="left")
     cols = [
         "sequences",
         "tokens",
@@ -185,12 +316,15 @@ def render_stats(result: dict[str, Any]) -> None:
         "max",
         *(f"p{p}" for p in PERCENTILES),
     ]
-    table.add_column("source")
+    table.add_column("part" if pairs else "source")
     for c in cols:
         table.add_column(c, justify="right")
-    rows = list(result["sources"].items())
-    if len(rows) > 1:
-        rows.append(("all", result["overall"]))
+    if pairs:
+        rows = [*result["parts"].items(), ("longer side", result["overall"])]
+    else:
+        rows = list(result["sources"].items())
+        if len(rows) > 1:
+            rows.append(("all", result["overall"]))
     for name, s in rows:
         table.add_row(name, *(str(s.get(c, "")) for c in cols))
     console.print(table)
@@ -210,7 +344,8 @@ def render_stats(result: dict[str, Any]) -> None:
         for h in hist:
             bar = "█" * round(40 * h["count"] / top)
             console.print(f"  {h['from']:>7}-{h['to']:<7} {bar} {h['count']}", highlight=False)
-    for key in ("rows", "packing_efficiency", "max_seq_length", "over_max_seq_length"):
+    keys = ("pairs", "rows", "packing_efficiency", "max_seq_length", "over_max_seq_length")
+    for key in (*keys, "truncated", "dropped"):
         if key in result:
             console.print(f"{key}: {result[key]}", highlight=False)
 

@@ -84,13 +84,17 @@ class ConversationTokenizer:
 
     # ------------------------------------------------------------------ text and spans
 
-    def render_with_spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-        """The rendered conversation and the character spans that carry loss."""
+    def render_with_spans(
+        self, messages: list[dict], targets: Sequence[int] | None = None
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered conversation and the character spans that carry loss: those of the
+        assistant messages that ``train_on`` selects, or of the message indices ``targets``."""
         render = self.renderer.render
         full = render(messages)
-        targets = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-        if self.train_on == "last":
-            targets = targets[-1:]
+        if targets is None:
+            targets = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+            if self.train_on == "last":
+                targets = targets[-1:]
         spans: list[tuple[int, int]] = []
         cursor = 0
         for i in targets:
@@ -133,7 +137,13 @@ class ConversationTokenizer:
 
     def encode_many(self, conversations: Sequence[list[dict]]) -> list[tuple[list, list]]:
         """``(input_ids, labels)`` per conversation, untruncated."""
-        rendered = [self.render_with_spans(m) for m in conversations]
+        return self.encode_rendered([self.render_with_spans(m) for m in conversations])
+
+    def encode_rendered(
+        self, rendered: Sequence[tuple[str, list[tuple[int, int]]]]
+    ) -> list[tuple[list, list]]:
+        """``(input_ids, labels)`` of rendered texts with their trained character spans: one
+        encoding of each whole text, the spans mapped to tokens, exactly one BOS."""
         if self.backend is not None:
             encodings = self.backend.encode_batch(
                 [t for t, _ in rendered], add_special_tokens=False
@@ -364,21 +374,70 @@ class EncodedBatch:
         return EncodedBatch(self.ids[index], self.labels[index], offsets)
 
 
-_worker: ConversationTokenizer | None = None
+_worker: tuple | None = None  # (function, state) in a pool process
 
 
-def _init_worker(ct: ConversationTokenizer) -> None:
+def _init_worker(fn, state) -> None:
     global _worker
-    _worker = ct
+    _worker = (fn, state)
 
 
-def _encode_chunk(chunk: list[list[dict]]) -> EncodedBatch | tuple[int, str, str | None]:
+def _run_chunk(chunk: list):
     assert _worker is not None
-    return _encode_flat(_worker, chunk)
+    fn, state = _worker
+    return fn(state, chunk)
+
+
+class ChunkPool:
+    """``fn(state, chunk)`` over chunks of a list, in ``num_proc`` processes forked once (on
+    first need: a list of one chunk is not worth starting processes for). With one process
+    there is no pool at all. Results come back in input order, one per chunk."""
+
+    def __init__(self, fn, state, num_proc: int | None = None, chunk_size: int = 256):
+        self.fn, self.state = fn, state
+        self.num_proc = num_proc or default_num_proc()
+        self.chunk_size = chunk_size
+        self.pool = None
+
+    def map_chunks(self, items: Sequence) -> list:
+        chunks = [items[i : i + self.chunk_size] for i in range(0, len(items), self.chunk_size)]
+        if self.pool is None and self.num_proc > 1 and len(chunks) > 1:
+            methods = mp.get_all_start_methods()
+            ctx = mp.get_context("fork" if "fork" in methods else None)
+            self.pool = ctx.Pool(
+                self.num_proc, initializer=_init_worker, initargs=(self.fn, self.state)
+            )
+        if self.pool is None or len(chunks) <= 1:
+            return [self.fn(self.state, c) for c in chunks]
+        return self.pool.map(_run_chunk, chunks, chunksize=1)
+
+    def raise_errors(self, results: list, ids: Sequence[Any] | None, what: str) -> None:
+        """Errors travel back as data, ``(index in chunk, message, hint)`` (a pickled
+        exception would lose its hint): raise the first, naming its row."""
+        for n, result in enumerate(results):
+            if isinstance(result, tuple):
+                i, message, hint = result
+                index = n * self.chunk_size + i
+                who = f"row {ids[index]!r}" if ids is not None else f"{what} {index}"
+                raise InputError(f"{who}: {message}", hint=hint)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.join()
+            self.pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None and exc[0] is not None:
+            self.pool.terminate()
+            self.pool = None
+        self.close()
 
 
 def _encode_flat(ct: ConversationTokenizer, chunk: list[list[dict]]):
-    # Errors travel back as data: the pickled exception would lose its hint.
     try:
         return ct.encode_flat(chunk)
     except InputError:
@@ -390,57 +449,22 @@ def _encode_flat(ct: ConversationTokenizer, chunk: list[list[dict]]):
         raise
 
 
-class ParallelEncoder:
+class ParallelEncoder(ChunkPool):
     """Tokenize lists of conversations over ``num_proc`` processes (forked once).
 
-    ``encoder(conversations)`` -> :class:`EncodedBatch` in input order. With one
-    process there is no pool at all.
+    ``encoder(conversations)`` -> :class:`EncodedBatch` in input order.
     """
 
     def __init__(
         self, ct: ConversationTokenizer, num_proc: int | None = None, chunk_size: int = 256
     ):
+        super().__init__(_encode_flat, ct, num_proc, chunk_size)
         self.ct = ct
-        self.num_proc = num_proc or default_num_proc()
-        self.chunk_size = chunk_size
-        self.pool = None
 
     def __call__(self, conversations: Sequence[list[dict]], ids: Sequence[Any] | None = None):
-        chunks = [
-            conversations[i : i + self.chunk_size]
-            for i in range(0, len(conversations), self.chunk_size)
-        ]
-        if self.pool is None and self.num_proc > 1 and len(chunks) > 1:
-            # Forked on first need: a small dataset is not worth starting processes for.
-            methods = mp.get_all_start_methods()
-            ctx = mp.get_context("fork" if "fork" in methods else None)
-            self.pool = ctx.Pool(self.num_proc, initializer=_init_worker, initargs=(self.ct,))
-        if self.pool is None or len(chunks) <= 1:
-            results = [_encode_flat(self.ct, c) for c in chunks]
-        else:
-            results = self.pool.map(_encode_chunk, chunks, chunksize=1)
-        for n, result in enumerate(results):
-            if isinstance(result, tuple):
-                i, message, hint = result
-                index = n * self.chunk_size + i
-                who = f"row {ids[index]!r}" if ids is not None else f"conversation {index}"
-                raise InputError(f"{who}: {message}", hint=hint)
+        results = self.map_chunks(conversations)
+        self.raise_errors(results, ids, "conversation")
         return EncodedBatch.concat(results)
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.pool.join()
-            self.pool = None
-
-    def __enter__(self) -> ParallelEncoder:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.pool is not None and exc[0] is not None:
-            self.pool.terminate()
-            self.pool = None
-        self.close()
 
 
 def default_num_proc() -> int:

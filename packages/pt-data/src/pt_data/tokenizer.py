@@ -100,11 +100,25 @@ def row_texts(row: dict) -> list[str]:
     return out
 
 
-def train_tokenizer_on_rows(paths, out_dir: str | Path, *, vocab_size: int = 512):
+def train_tokenizer_on_rows(
+    paths, out_dir: str | Path, *, vocab_size: int = 512, skip_bad: bool = False
+):
     """Train :func:`build_tokenizer` on the text of row files and save it atomically."""
     from pt_core.files import atomic_path, iter_rows
 
-    texts = [text for path in paths for row in iter_rows(path) for text in row_texts(row)]
+    texts = [
+        text
+        for path in paths
+        for row in iter_rows(path, skip_bad=skip_bad)
+        for text in row_texts(row)
+    ]
+    if not any(t.strip() for t in texts):
+        from pt_core.errors import InputError
+
+        raise InputError(
+            f"{', '.join(map(str, paths))}: no text to learn from",
+            hint="give row files whose columns hold strings or messages",
+        )
     with atomic_path(out_dir) as tmp:
         tokenizer = build_tokenizer(tmp, texts=texts, vocab_size=vocab_size)
     return tokenizer

@@ -34,6 +34,15 @@ KINDS = ("conversations", "prompts", "preferences")
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
+class SkipRow(Exception):  # noqa: N818 (a signal, not an error)
+    """Raised by a transform to drop a row and count it under ``reason`` (in the build's
+    ``dropped`` counts), where returning None would count it only as ``transform``."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class Transform:
     name: str
@@ -166,7 +175,7 @@ def _carry(row: dict, out: dict, keys=("id", "source", "answer")) -> dict:
     return out
 
 
-def _turns(value: Any, role: str, column: str) -> list[dict]:
+def as_turns(value: Any, role: str, column: str) -> list[dict]:
     """A string or a message list as a message list."""
     if isinstance(value, str):
         return [{"role": role, "content": value}]
@@ -205,14 +214,14 @@ _ROLE_ALIASES = {
 def messages(row: dict, key: str = "messages") -> dict:
     """Rows that already hold ``messages`` (role/content); ``key`` names another column."""
     require_columns(row, [key], "messages transform")
-    return _carry(row, {"messages": _turns(row[key], "user", key)})
+    return _carry(row, {"messages": as_turns(row[key], "user", key)})
 
 
 @register_transform("prompt_completion", kind="conversations")
 def prompt_completion(row: dict, system: str | None = None) -> dict:
     """``prompt`` + ``completion`` (strings or message lists), as in TRL's format."""
     require_columns(row, ["prompt", "completion"], "prompt_completion transform")
-    msgs = _turns(row["prompt"], "user", "prompt") + _turns(
+    msgs = as_turns(row["prompt"], "user", "prompt") + as_turns(
         row["completion"], "assistant", "completion"
     )
     if system and msgs[0]["role"] != "system":
@@ -293,14 +302,14 @@ register_transform("numina", kind="conversations")(math)
 
 @register_transform("preferences", kind="preferences")
 def preferences(row: dict) -> dict:
-    """``prompt``/``chosen``/``rejected`` as strings or message lists -> message lists."""
-    require_columns(row, ["prompt", "chosen", "rejected"], "preferences transform")
-    out = {
-        "prompt": _turns(row["prompt"], "user", "prompt"),
-        "chosen": _turns(row["chosen"], "assistant", "chosen"),
-        "rejected": _turns(row["rejected"], "assistant", "rejected"),
-    }
-    return _carry(row, out, keys=("id", "source"))
+    """``chosen``/``rejected`` (+ ``prompt``): answers, whole conversations or HH texts ->
+    ``prompt`` messages and assistant ``chosen``/``rejected`` (see pt_data.preferences)."""
+    from pt_data.preferences import normalize_preference_row
+
+    out, reason = normalize_preference_row(row)
+    if out is None:
+        raise SkipRow(reason)
+    return out
 
 
 # --------------------------------------------------------------------------- prompts
@@ -330,17 +339,29 @@ def math_prompts(
     if key is None or key not in row:
         require_columns(row, [problem_key or "problem"], "math_prompts transform")
     problem = row[key]
-    gold_key = answer_key or next((k for k in _GOLD_KEYS if row.get(k) is not None), None)
-    if answer_key is not None:
-        require_columns(row, [answer_key], "math_prompts transform")
-    answer = None
-    if gold_key is not None:
-        value = row[gold_key]
-        answer = gsm8k_final(value) if isinstance(value, str) and "####" in value else value
+    gold_key, answer = _gold_column(row, answer_key, "math_prompts transform")
     if answer is None:
         answer = last_boxed(row.get("solution"))
     text = _with_instruction(problem, instruction)
     prompt: Any = [*_system(system), {"role": "user", "content": text}] if as_messages else text
+    return _prompt_row(row, prompt, answer, consumed=(key, gold_key))
+
+
+def _gold_column(row: dict, answer_key: str | None, where: str) -> tuple[str | None, Any]:
+    """The gold answer's column and value: ``answer_key``, else the first of ``answer``,
+    ``final_answer``, ``gold``, ``gt``, ``expected_answer``; a GSM8K ``#### N`` gives N."""
+    if answer_key is not None:
+        require_columns(row, [answer_key], where)
+    gold_key = answer_key or next((k for k in _GOLD_KEYS if row.get(k) is not None), None)
+    if gold_key is None:
+        return None, None
+    value = row[gold_key]
+    return gold_key, gsm8k_final(value) if isinstance(value, str) and "####" in value else value
+
+
+def _prompt_row(row: dict, prompt: Any, answer: Any, consumed: tuple) -> dict:
+    """A prompts row: ``id`` (from the first id-like column), ``prompt``, ``answer``, and the
+    row's other columns except those ``consumed``."""
     out: dict[str, Any] = {}
     id_key = next((k for k in _ID_KEYS if row.get(k) is not None), None)
     if id_key is not None:
@@ -348,9 +369,29 @@ def math_prompts(
     out["prompt"] = prompt
     out["answer"] = gold_text(answer) if answer is not None else None
     for k, v in row.items():
-        if k not in out and k not in (key, gold_key):
+        if k not in out and k not in consumed:
             out[k] = v
     return out
+
+
+@register_transform("conversation_prompts", kind="prompts")
+def conversation_prompts(row: dict, key: str = "messages", answer_key: str | None = None) -> dict:
+    """Conversations as prompts for generation and RL: the turns through the last user turn
+    (the final assistant reply is dropped); gold ``answer`` from the row's answer column, else
+    the last ``\\boxed{}`` of the dropped reply. Other columns are carried through."""
+    require_columns(row, [key], "conversation_prompts transform")
+    messages = as_turns(row[key], "user", key)
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if not users:
+        raise SkipRow("no_user_turn")
+    prompt, dropped = messages[: users[-1] + 1], messages[users[-1] + 1 :]
+    gold_key, answer = _gold_column(row, answer_key, "conversation_prompts transform")
+    for message in reversed(dropped):
+        if answer is not None:
+            break
+        if message["role"] == "assistant":
+            answer = last_boxed(message["content"])
+    return _prompt_row(row, prompt, answer, consumed=(key, gold_key))
 
 
 @register_transform("prompts", kind="prompts")

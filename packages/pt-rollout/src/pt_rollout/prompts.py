@@ -15,7 +15,10 @@ from pathlib import Path
 
 from pt_core.errors import ConfigError, InputError
 from pt_core.files import iter_rows, split_path
+from pt_core.log import get_logger
 from pt_core.manifest import resolve_input
+
+log = get_logger(__name__)
 
 PROMPT_KEYS = ("prompt", "problem", "question", "messages")
 
@@ -74,7 +77,32 @@ def read_prompts(
         rows.append(PromptRow(row_id, prompt, row, position))
     if not rows:
         raise InputError(f"{path}: no prompt rows")
+    warn_assistant_endings(rows, path)
     return rows
+
+
+def warn_assistant_endings(rows: list[PromptRow], path) -> int:
+    """Log one warning when prompts end with an assistant turn: the model would continue that
+    answer rather than give its own. Returns how many do."""
+    ending = [
+        r
+        for r in rows
+        if isinstance(r.prompt, list)
+        and r.prompt
+        and isinstance(r.prompt[-1], dict)
+        and r.prompt[-1].get("role") == "assistant"
+    ]
+    if ending:
+        log.warning(
+            "%s: %d of %d prompts end with an assistant turn (the first: id %r); the model "
+            "would follow that answer rather than answer the user. Make prompts from conversations with "
+            "pt-data's conversation_prompts transform, which drops the final answer",
+            path,
+            len(ending),
+            len(rows),
+            ending[0].id,
+        )
+    return len(ending)
 
 
 def prompt_token_ids(
