@@ -81,6 +81,8 @@ class DataConfig(Section):
     # Used only when the data are conversations (not tokenized):
     packing: bool = True
     train_on: Literal["assistant", "last"] = "assistant"
+    # Conversations and untokenized preference rows: cut what is too long instead of
+    # dropping it (see docs/pt-data.md).
     truncate: bool = False
     # Used only when the data are preference rows that are not tokenized:
     max_prompt_length: int | None = Field(None, gt=0)

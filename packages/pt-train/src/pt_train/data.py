@@ -78,7 +78,7 @@ def load_rows(data: DataConfig, path: str | Path, tokenizer) -> list[Row]:
         out += [_tokenized_row(r, source, i) for i, r in enumerate(rows, start=1)]
     elif "messages" in first:
         out = _tokenize_conversations([first, *rows], data, tokenizer)
-    elif any(k in first for k in PAIR_COLUMNS + ("chosen", "rejected")):
+    elif any(k in first for k in (*PAIR_COLUMNS, "chosen", "rejected")):
         raise InputError(
             f"{source}: these rows are preference pairs; the objective trains on single "
             "sequences (token rows or conversations)",
@@ -104,13 +104,14 @@ def load_pairs(data: DataConfig, path: str | Path, tokenizer) -> list[Pair]:
     if all(k in first for k in PAIR_COLUMNS):
         _warn_unused(data, "tokenized pairs", ("max_prompt_length", "max_completion_length"))
         return [_tokenized_pair(r, source, i) for i, r in enumerate([first, *rows])]
-    if all(k in first for k in ("prompt", "chosen", "rejected")):
+    if "chosen" in first and "rejected" in first:
+        # prompt/chosen/rejected, whole conversations sharing a prompt, or HH texts
         return _tokenize_pairs([first, *rows], data, tokenizer, source)
     raise InputError(
         f"{source}: the objective trains on preference pairs, but the rows have "
         f"{', '.join(map(repr, first))}",
         hint="give tokenized pairs (pt-data build with format: preferences, or pt-data pairs) "
-        "or rows with prompt, chosen and rejected",
+        "or rows with chosen and rejected (and prompt, unless they share it)",
     )
 
 
@@ -132,19 +133,15 @@ def _tokenized_pair(row: dict, source, index: int) -> Pair:
 
 
 def _tokenize_pairs(rows: list[dict], data: DataConfig, tokenizer, source) -> list[Pair]:
-    try:
-        from pt_data.preferences import tokenize_preference_rows
-    except ImportError:
-        raise InputError(
-            f"{source}: untokenized preference rows need pt-data's preference tokenizer",
-            hint="tokenize them first with pt-data build (format: preferences)",
-        ) from None
+    from pt_data.preferences import tokenize_preference_rows
+
     tokenized, counts = tokenize_preference_rows(
         rows,
         tokenizer,
         max_seq_length=data.max_seq_length,
         max_prompt_length=data.max_prompt_length,
         max_completion_length=data.max_completion_length,
+        truncate=data.truncate,
     )
     log.info("tokenized %d preference pairs (%s)", len(tokenized), counts)
     if not tokenized:
