@@ -33,7 +33,10 @@ def run(
     config: Path = typer.Argument(..., help="Training config (YAML)."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
     data: str = typer.Option(
-        None, "--data", help="Training data (pt-data dataset, file or '-' for a piped manifest)."
+        None,
+        "--data",
+        help="Training data: a pt-data dataset, a row file (rollouts or scores for opd), or '-' "
+        "for a piped manifest.",
     ),
     force_resume: bool = typer.Option(
         False, "--force-resume", help="Resume even if keys that change training differ."
@@ -51,7 +54,7 @@ def run(
     cfg = load_train_config(config, overrides)
     data_path = None
     if data is not None:
-        data_path, _ = resolve_input(data, expected=("dataset",))
+        data_path, _ = resolve_input(data, expected=("dataset", "rollouts", "scores", "grades"))
     if cfg.launcher.nproc > 1 and launched_env() is None:
         argv = [sys.executable, "-m", "pt_train.cli", "run", str(config), *overrides]
         if data_path is not None:

@@ -143,13 +143,8 @@ class Trainer:
         self.reference = None
         self.producer = producer if producer is not None else self._fixed_producer()
         self.total_steps = total_steps_of(cfg, self.producer.num_rows, self.producer.num_tokens)
-        if (
-            self.objective.reference != "none"
-            and self.reference is None
-            and not (
-                getattr(cfg.objective, "reference", None) and cfg.objective.reference.precompute
-            )
-        ):
+        frozen = self.objective.frozen()
+        if self.objective.reference != "none" and not (frozen and frozen.precompute):
             self.reference = self._load_reference()
         self._build_engine()
 
@@ -222,16 +217,18 @@ class Trainer:
         if self.objective.data == "tokens":
             rows = load_rows(cfg.data, cfg.data.path, self.tokenizer)
             return rows_producer(rows, **common, **sampling)
-        if self.objective.data != "pairs":
-            raise ConfigError(
-                f"objective {cfg.objective.name!r} does not train on a fixed dataset",
-                hint="see docs/pt-train.md for the data each objective takes",
+        if self.objective.data == "rollouts":
+            from pt_train.producers.rollouts import load_rollouts, rollouts_producer
+
+            samples = load_rollouts(cfg.data, cfg.data.path, self.objective.required_columns())
+            return rollouts_producer(
+                samples, **common, max_seq_length=cfg.data.max_seq_length, **sampling
             )
         pairs = load_pairs(cfg.data, cfg.data.path, self.tokenizer)
         producer = pairs_producer(
             pairs, **common, max_seq_length=cfg.data.max_seq_length, **sampling
         )
-        reference_cfg = getattr(cfg.objective, "reference", None)
+        reference_cfg = self.objective.frozen()
         if self.objective.reference == "logps" and reference_cfg and reference_cfg.precompute:
             table = self._precomputed_reference(pairs, producer)
             producer = pairs_producer(
@@ -246,10 +243,11 @@ class Trainer:
     def _load_reference(self):
         from pt_train.reference import load_frozen
 
-        reference_cfg = self.cfg.objective.reference
+        reference_cfg = self.objective.frozen()
         if self.env.is_main:
             log.info(
-                "reference model: %s",
+                "frozen %s model: %s",
+                "teacher" if self.objective.name == "opd" else "reference",
                 reference_cfg.path or "the policy's starting weights (a frozen copy)",
             )
         return load_frozen(
@@ -269,7 +267,7 @@ class Trainer:
 
         from pt_train.reference import precompute_pair_logps, stored_pair_logps
 
-        reference_cfg = self.cfg.objective.reference
+        reference_cfg = self.objective.frozen()
         source = reference_cfg.path or f"policy-start:{config_hash(self.cfg.model)}"
         table = stored_pair_logps(self.run_dir, pairs, source)
         if table is not None:

@@ -17,6 +17,7 @@ from pt_train.objectives.asft import ASFT, ASFTConfig
 from pt_train.objectives.base import LossOutput, Objective
 from pt_train.objectives.dft import DFT, DFTConfig
 from pt_train.objectives.dpo import DPO, DPOConfig
+from pt_train.objectives.opd import OPD, OPDConfig
 from pt_train.objectives.sft import SFT, SFTConfig
 
 REGISTRY: dict[str, tuple[type, type[Objective]]] = {
@@ -24,6 +25,7 @@ REGISTRY: dict[str, tuple[type, type[Objective]]] = {
     "dft": (DFTConfig, DFT),
     "asft": (ASFTConfig, ASFT),
     "dpo": (DPOConfig, DPO),
+    "opd": (OPDConfig, OPD),
 }
 
 ObjectiveConfig = Annotated[

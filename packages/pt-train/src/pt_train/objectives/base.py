@@ -65,6 +65,15 @@ class Objective:
         """For ``reference == "dense"``: the function of (policy, reference) log-probs."""
         return None
 
+    def frozen(self):
+        """The frozen model beside the policy (a :class:`ReferenceConfig`), when
+        ``reference`` is not "none": DPO's reference, ASFT's anchor, OPD's teacher."""
+        return getattr(self.cfg, "reference", None)
+
+    def required_columns(self) -> dict[str, str]:
+        """For objectives on rollouts: the row columns they need, and how to get each."""
+        return {}
+
     def count(self, batch) -> float:
         """This micro-batch's share of the step's normalizer: trained tokens by default."""
         return float(batch.num_trained)

@@ -1,0 +1,168 @@
+"""Sampled completions as training sequences: pt-rollout's rollout and score rows.
+
+A row is one completion: ``prompt_token_ids`` + ``completion_token_ids``, trained on every
+completion token, with what was recorded per completion token (the sampling log-probs,
+the teacher's log-probs and top-k) and per sequence (an advantage, the weight version that
+generated it). :func:`rollout_batch` lays a micro-batch of them out for the trainer; the
+per-token arrays are concatenated in the order of the batch's trained tokens, so
+``batch.data["teacher_token_logps"][i]`` belongs to trained token ``i``.
+
+Piped (``pt-rollout generate | pt-rollout score ... | pt-train run opd.yaml --data -``) the
+rows come from a file and are sampled by step like any fixed data; the online loop
+(:mod:`pt_train.producers.online`) makes them round by round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pt_core.contracts import IGNORE_INDEX
+from pt_core.errors import InputError
+from pt_core.files import iter_rows, split_path
+from pt_train.batch import Batch, Row, collate, pack_in_order
+from pt_train.producers.fixed import FixedData
+
+# row column -> (batch.data key, dtype, values per token: 1 or "k")
+TOKEN_COLUMNS = {
+    "completion_logprobs": ("rollout_logps", np.float64),
+    "teacher_token_logprobs": ("teacher_token_logps", np.float64),
+    "teacher_topk_ids": ("teacher_topk_ids", np.int64),
+    "teacher_topk_logprobs": ("teacher_topk_logps", np.float64),
+    "student_topk_ids": ("student_topk_ids", np.int64),
+    "teacher_student_topk_logprobs": ("teacher_student_topk_logps", np.float64),
+}
+# row column -> batch.data key, one value per sequence
+SEQUENCE_COLUMNS = {
+    "advantage": "advantages",
+    "weight_version": "weight_versions",
+    "staleness": "staleness",
+}
+
+
+@dataclass
+class RolloutSample:
+    prompt: np.ndarray
+    completion: np.ndarray
+    tokens: dict[str, np.ndarray] = field(default_factory=dict)  # per completion token
+    sequence: dict[str, float] = field(default_factory=dict)  # per sequence
+
+    def row(self) -> Row:
+        ids = np.concatenate([self.prompt, self.completion])
+        labels = np.concatenate(
+            [np.full(len(self.prompt), IGNORE_INDEX, dtype=np.int64), self.completion]
+        )
+        return Row(ids, labels, np.arange(len(ids)))
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.completion)
+
+
+def sample_from_row(row: dict, where: str, columns: Sequence[str] = ()) -> RolloutSample:
+    """One rollout/score row as a sample; ``columns`` are the token and sequence columns
+    to keep (others are left out)."""
+    for key in ("prompt_token_ids", "completion_token_ids"):
+        value = row.get(key)
+        if not isinstance(value, list | np.ndarray) or len(value) == 0:
+            raise InputError(
+                f"{where}: {key!r} must be a non-empty list of token ids",
+                hint="give rows written by pt-rollout generate (and score)",
+            )
+    prompt = np.asarray(row["prompt_token_ids"], dtype=np.int64)
+    completion = np.asarray(row["completion_token_ids"], dtype=np.int64)
+    sample = RolloutSample(prompt, completion)
+    for column in columns:
+        if column in TOKEN_COLUMNS:
+            key, dtype = TOKEN_COLUMNS[column]
+            try:
+                values = np.asarray(row[column], dtype=dtype)
+            except (TypeError, ValueError):
+                raise InputError(
+                    f"{where}: {column!r} is not a list of numbers of one length per token"
+                ) from None
+            if values.shape[:1] != (len(completion),):
+                raise InputError(
+                    f"{where}: {column!r} has {values.shape[0] if values.ndim else 0} entries "
+                    f"for {len(completion)} completion tokens",
+                    hint="score and generate the same rollouts; do not edit the token columns",
+                )
+            sample.tokens[key] = values
+        elif column in SEQUENCE_COLUMNS:
+            sample.sequence[SEQUENCE_COLUMNS[column]] = float(row[column])
+    return sample
+
+
+def load_rollouts(data_cfg, path, required: dict[str, str]) -> list[RolloutSample]:
+    """Every rollout row of ``path``; ``required`` columns (with how to get each) must be
+    there, every other known token or sequence column present in the rows is kept too."""
+    source = split_path(Path(path), data_cfg.split)
+    rows = iter_rows(source)
+    first = next(rows, None)
+    if first is None:
+        raise InputError(f"{source}: no rows", hint="point data.path at rollouts with rows")
+    if "completion_token_ids" not in first:
+        raise InputError(
+            f"{source}: the objective trains on sampled completions, but the rows have "
+            f"{', '.join(map(repr, first))}",
+            hint="give rows from pt-rollout generate (| pt-rollout score)",
+        )
+    missing = [c for c in required if c not in first]
+    if missing:
+        raise InputError(
+            f"{source}: the rows lack {', '.join(map(repr, missing))}, which the objective needs",
+            hint=required[missing[0]],
+        )
+    columns = [c for c in (*TOKEN_COLUMNS, *SEQUENCE_COLUMNS) if c in first]
+    samples = [sample_from_row(first, f"{source} row 1", columns)]
+    for i, row in enumerate(rows, start=2):
+        samples.append(sample_from_row(row, f"{source} row {i}", columns))
+    widths = {k: {s.tokens[k].shape[1:] for s in samples} for k in samples[0].tokens}
+    for key, shapes in widths.items():
+        if len(shapes) > 1:
+            raise InputError(
+                f"{source}: {key} has rows of different widths {sorted(shapes)}",
+                hint="score all rows with the same --top-k",
+            )
+    return samples
+
+
+def rollout_batch(
+    samples: list[RolloutSample],
+    pad_token_id: int,
+    attn_implementation: str = "sdpa",
+    pack_length: int | None = None,
+) -> Batch:
+    """One micro-batch of samples: a row per sequence, or with ``pack_length`` the
+    sequences packed in order into rows of at most that many tokens; the per-token and
+    per-sequence data laid out in the order of the batch's trained tokens and sequences."""
+    rows = [s.row() for s in samples]
+    if pack_length:
+        rows = pack_in_order(rows, pack_length)
+    data: dict[str, torch.Tensor] = {}
+    for key in samples[0].tokens:
+        data[key] = torch.from_numpy(np.concatenate([s.tokens[key] for s in samples]))
+    for key in samples[0].sequence:
+        data[key] = torch.tensor([s.sequence[key] for s in samples], dtype=torch.float64)
+    return collate(rows, pad_token_id, attn_implementation, data)
+
+
+def rollouts_producer(
+    samples: list[RolloutSample],
+    *,
+    pad_token_id: int,
+    attn_implementation: str,
+    max_seq_length: int,
+    **sampling,
+) -> FixedData:
+    # Packing is free with flash_attention_2's variable-length kernel; with the dense masks
+    # of sdpa and eager it would cost the square of the row length (see pairs_producer).
+    pack = max_seq_length if attn_implementation == "flash_attention_2" else None
+
+    def to_batch(indices: list[int]) -> Batch:
+        return rollout_batch([samples[i] for i in indices], pad_token_id, attn_implementation, pack)
+
+    return FixedData(samples, to_batch, **sampling)

@@ -1,0 +1,135 @@
+"""On-policy distillation losses, against values and gradients worked out here."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pt_train.objectives.opd import DIVERGENCES, OPDConfig, divergence, pg_reverse_kl, token_kl
+from pt_train.producers.rollouts import RolloutSample, rollout_batch
+
+
+def _logp(*rows):
+    return F.log_softmax(torch.tensor(rows, dtype=torch.float64), dim=-1)
+
+
+@pytest.mark.parametrize("kind", DIVERGENCES)
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_every_divergence_is_zero_when_the_student_is_the_teacher(kind, renormalize):
+    p = _logp([0.3, -1.0, 2.0, 0.5], [1.0, 1.0, -3.0, 0.0])
+    top2 = p.topk(2, dim=-1).values  # a top-k support: partial sums, or renormalised
+    for support in (p, top2):
+        value = divergence(kind, support, support.clone(), renormalize=renormalize)
+        torch.testing.assert_close(value, torch.zeros(2, dtype=torch.float64))
+
+
+def test_forward_and_reverse_kl_over_the_whole_vocabulary_are_the_textbook_ones():
+    s, t = _logp([0.0, 1.0, 2.0]), _logp([2.0, 0.0, -1.0])
+    ps, pt = s.exp()[0], t.exp()[0]
+    forward = sum(pt[i] * math.log(pt[i] / ps[i]) for i in range(3))
+    reverse = sum(ps[i] * math.log(ps[i] / pt[i]) for i in range(3))
+    assert divergence("forward_kl", s, t).item() == pytest.approx(float(forward), abs=1e-12)
+    assert divergence("reverse_kl", s, t).item() == pytest.approx(float(reverse), abs=1e-12)
+
+
+def test_skewed_kl_at_alpha_one_and_zero_is_forward_and_reverse():
+    s, t = _logp([0.0, 1.0, 2.0, -1.0]), _logp([2.0, 0.0, -1.0, 0.5])
+    for alpha, kind in ((1.0, "forward_kl"), (0.0, "reverse_kl")):
+        torch.testing.assert_close(
+            divergence("skewed_kl", s, t, alpha=alpha), divergence(kind, s, t)
+        )
+
+
+def test_jsd_is_the_gkd_generalized_jensen_shannon_divergence():
+    s, t = _logp([0.0, 1.0, 2.0]), _logp([2.0, 0.0, -1.0])
+    ps, pt = s.exp()[0].tolist(), t.exp()[0].tolist()
+    beta = 0.3
+    m = [beta * a + (1 - beta) * b for a, b in zip(pt, ps, strict=True)]
+    expected = beta * sum(a * math.log(a / c) for a, c in zip(pt, m, strict=True)) + (
+        1 - beta
+    ) * sum(b * math.log(b / c) for b, c in zip(ps, m, strict=True))
+    assert divergence("jsd", s, t, beta=beta).item() == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("kind", DIVERGENCES)
+def test_a_full_vocabulary_top_k_gives_the_dense_value(kind):
+    """With k = vocabulary size the top-k support is the whole vocabulary, in another order:
+    the sums are the dense divergence."""
+    s, t = _logp([0.1, 1.0, -2.0, 0.7, 0.0]), _logp([1.5, 0.0, -1.0, 0.2, 2.0])
+    order = t.argsort(dim=-1, descending=True)  # the teacher's "top-5", most likely first
+    topk = divergence(kind, s.gather(-1, order), t.gather(-1, order), alpha=0.3, beta=0.4)
+    torch.testing.assert_close(topk, divergence(kind, s, t, alpha=0.3, beta=0.4))
+
+
+def test_token_kl_is_the_sampled_tokens_forward_kl_term():
+    student, teacher = torch.tensor([math.log(0.2)]), torch.tensor([math.log(0.5)])
+    assert token_kl(student, teacher).item() == pytest.approx(0.5 * math.log(0.5 / 0.2))
+    assert token_kl(teacher, teacher).item() == 0.0
+
+
+def test_expected_pg_reverse_kl_gradient_is_the_reverse_kl_gradient():
+    """Enumerate a 4-token vocabulary at one position: with rollouts from the student itself
+    (O = S) and no clipping, sum_y S(y) grad loss(y) = grad KL(S || T), for both the
+    importance-ratio and the plain REINFORCE form, and for the online advantage."""
+    logits = torch.tensor([0.4, -0.3, 1.2, 0.0], dtype=torch.float64, requires_grad=True)
+    teacher = _logp([1.0, 0.5, -0.5, 0.2])[0]
+    s = F.log_softmax(logits, -1)
+    (want,) = torch.autograd.grad((s.exp() * (s - teacher)).sum(), logits)
+    for importance_ratio, advantage in itertools.product((True, False), ("rollout", "online")):
+        total = torch.zeros(4, dtype=torch.float64)
+        for y in range(4):
+            s = F.log_softmax(logits, -1)
+            loss, _ = pg_reverse_kl(
+                s[y : y + 1],
+                teacher[y : y + 1],
+                s[y : y + 1].detach(),  # O(y): the sampling policy is the student
+                clip_epsilon=1e9,
+                importance_ratio=importance_ratio,
+                advantage=advantage,
+            )
+            (g,) = torch.autograd.grad(loss.sum(), logits)
+            total += s[y].exp().detach() * g
+        torch.testing.assert_close(total, want, atol=1e-12, rtol=0)
+
+
+def test_clipping_stops_the_gradient_past_the_trust_region():
+    # r = exp(log S - log O) = 1.5 > 1 + 0.2 with A > 0: the clipped term wins, no gradient
+    student = torch.tensor([math.log(0.3)], requires_grad=True)
+    rollout = torch.tensor([math.log(0.2)])
+    teacher = torch.tensor([math.log(0.6)])  # A = log 0.6 - log 0.2 > 0
+    loss, metrics = pg_reverse_kl(
+        student, teacher, rollout, clip_epsilon=0.2, importance_ratio=True, advantage="rollout"
+    )
+    (g,) = torch.autograd.grad(loss.sum(), student)
+    assert g.item() == 0.0 and metrics["clip_fraction"][0].item() == 1.0
+
+
+def test_support_full_needs_a_teacher_path():
+    with pytest.raises(ValueError, match="teacher.path"):
+        OPDConfig(support="full")
+
+
+def test_rollout_batch_lines_token_data_up_with_trained_tokens_packed_or_padded():
+    """Per-token data follow the trained tokens in order, whether the sequences are padded
+    rows or packed into one row."""
+    samples = [
+        RolloutSample(
+            np.array([5, 6, 7]), np.array([8, 9]), {"teacher_token_logps": np.array([-1.0, -2.0])}
+        ),
+        RolloutSample(
+            np.array([5]),
+            np.array([10, 11, 12]),
+            {"teacher_token_logps": np.array([-3.0, -4.0, -5.0])},
+        ),
+    ]
+    for pack in (None, 64):
+        batch = rollout_batch(samples, pad_token_id=0, pack_length=pack)
+        assert batch.targets[batch.targets != -100].tolist() == [8, 9, 10, 11, 12]
+        assert batch.data["teacher_token_logps"].tolist() == [-1.0, -2.0, -3.0, -4.0, -5.0]
+        assert batch.token_sequence.tolist() == [0, 0, 1, 1, 1]
+        assert batch.input_ids.shape[0] == (1 if pack else 2)
