@@ -44,6 +44,25 @@ def generate_cmd(
     logprobs: bool = typer.Option(
         False, "--logprobs", help="Add completion_logprobs: each sampled token's log-prob."
     ),
+    logprobs_mode: str = typer.Option(
+        "raw",
+        "--logprobs-mode",
+        help="raw: under the model's distribution; processed: under the one sampled from "
+        "(after temperature and top-p), as an importance ratio needs.",
+    ),
+    logprobs_top_k: int = typer.Option(
+        0,
+        "--logprobs-top-k",
+        help="Add student_topk_ids/student_topk_logprobs: the model's k most likely tokens at "
+        "every step (for distillation over the student's top-k).",
+    ),
+    seeding: str = typer.Option(
+        "per-sample",
+        "--seeding",
+        help="per-sample: each (id, sample) has its own seed, whatever the batch (exact "
+        "resume); engine: one seed for the engine, faster sampling on GPUs, output depends "
+        "on batching.",
+    ),
     engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
     no_template: bool = typer.Option(
         False, "--no-template", help="Send string prompts as raw text, without the chat template."
@@ -82,6 +101,9 @@ def generate_cmd(
         stop=list(stop or []),
         seed=seed,
         logprobs=logprobs,
+        logprobs_mode=logprobs_mode,
+        logprobs_top_k=logprobs_top_k,
+        seeded=_seeding(seeding),
         engine=engine,
         template=not no_template,
         system=system,
@@ -107,6 +129,12 @@ def score_cmd(
         Path("scores.jsonl"), "--out", "-o", help="Output .jsonl or .parquet (resumed if present)."
     ),
     top_k: int = typer.Option(0, "--top-k", help="Also keep the teacher's top-k tokens."),
+    at_student_topk: bool = typer.Option(
+        False,
+        "--at-student-topk",
+        help="Add teacher_student_topk_logprobs: the teacher's log-probs of the student's top-k "
+        "tokens (rollouts generated with --logprobs-top-k; HF engine).",
+    ),
     engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
     batch_size: int = typer.Option(256, "--batch-size", help="Rows per engine call."),
     dtype: str = typer.Option("auto", "--dtype"),
@@ -122,6 +150,7 @@ def score_cmd(
         rollouts,
         out,
         top_k=top_k,
+        at_student_topk=at_student_topk,
         engine=engine,
         batch_size=batch_size,
         dtype=dtype,
@@ -130,6 +159,14 @@ def score_cmd(
         max_model_len=max_model_len,
     )
     emit_manifest("scores", out, **summary)
+
+
+def _seeding(value: str) -> bool:
+    from pt_core.errors import ConfigError
+
+    if value not in ("per-sample", "engine"):
+        raise ConfigError(f"--seeding {value!r}", hint="use per-sample or engine")
+    return value == "per-sample"
 
 
 main = make_main(app)

@@ -37,6 +37,9 @@ class GenerateOptions:
     stop: list[str] = field(default_factory=list)
     seed: int = 0
     logprobs: bool = False
+    logprobs_mode: str = "raw"
+    logprobs_top_k: int = 0
+    seeded: bool = True
     engine: str = "auto"
     template: bool = True
     system: str | None = None
@@ -70,6 +73,9 @@ class GenerateOptions:
             stop=tuple(self.stop),
             stop_token_ids=stop_token_ids,
             logprobs=self.logprobs,
+            logprobs_mode=self.logprobs_mode,
+            logprobs_top_k=self.logprobs_top_k,
+            seeded=self.seeded,
         )
 
 
@@ -176,6 +182,8 @@ def _generate_pending(model, pending, output, options, meter, source) -> str:
             tensor_parallel_size=options.tensor_parallel,
             gpu_memory_utilization=options.gpu_memory_utilization,
             max_model_len=options.max_model_len,
+            max_logprobs=max(20, options.logprobs_top_k),
+            logprobs_mode=options.logprobs_mode,
         ) as engine,
         meter,
     ):
@@ -217,6 +225,9 @@ def _generate_batch(engine, tokenizer, batch, token_ids, sampling, options) -> l
         }
         if completion.logprobs is not None:
             record["completion_logprobs"] = completion.logprobs
+        if completion.topk_ids is not None:
+            record["student_topk_ids"] = completion.topk_ids
+            record["student_topk_logprobs"] = completion.topk_logprobs
         out.append({**record, **{k: v for k, v in row.columns.items() if k not in record}})
     return out
 

@@ -31,6 +31,7 @@ def score(
     out: str | os.PathLike,
     *,
     top_k: int = 0,
+    at_student_topk: bool = False,
     engine: str = "auto",
     batch_size: int = 256,
     dtype: str = "auto",
@@ -51,8 +52,9 @@ def score(
     rows = list(iter_rows(path))
     if not rows:
         raise InputError(f"{path}: no rollout rows")
+    needed = (*NEEDED, "student_topk_ids") if at_student_topk else NEEDED
     for index, row in enumerate(rows):
-        require_columns(row, NEEDED, f"{path} row {index + 1}")
+        require_columns(row, needed, f"{path} row {index + 1}")
     output = ResumableOutput(out)
     pending = [r for r in rows if row_key(r["id"], r["sample"]) not in output.done]
     log.info(
@@ -81,17 +83,23 @@ def score(
             engine_name = scorer.name
             for start in range(0, len(pending), batch_size):
                 batch = pending[start : start + batch_size]
-                scores = scorer.score(
-                    [r["prompt_token_ids"] for r in batch],
-                    [r["completion_token_ids"] for r in batch],
-                    top_k=top_k,
-                )
+                try:
+                    scores = scorer.score(
+                        [r["prompt_token_ids"] for r in batch],
+                        [r["completion_token_ids"] for r in batch],
+                        top_k=top_k,
+                        at_ids=[r["student_topk_ids"] for r in batch] if at_student_topk else None,
+                    )
+                except ValueError as exc:
+                    raise InputError(f"{path}: {exc}") from None
                 scored = []
                 for row, s in zip(batch, scores, strict=True):
                     row = {**row, "teacher_token_logprobs": s.token_logprobs}
                     if top_k:
                         row["teacher_topk_ids"] = s.topk_ids
                         row["teacher_topk_logprobs"] = s.topk_logprobs
+                    if at_student_topk:
+                        row["teacher_student_topk_logprobs"] = s.at_ids_logprobs
                     scored.append(row)
                 output.write(scored)
                 meter.advance(len(scored), sum(len(r["completion_token_ids"]) for r in batch))

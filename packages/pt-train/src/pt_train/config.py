@@ -150,6 +150,59 @@ class DeepSpeedSection(Section):
         return self
 
 
+class RolloutConfig(Section):
+    """The online loop (OPD, GRPO): rounds of prompts -> samples from the current policy ->
+    teacher scores or rewards -> ``updates_per_round`` optimizer steps -> new weights to the
+    generator. Set ``prompts`` to turn it on; see :mod:`pt_train.producers.online`."""
+
+    prompts: str | None = None  # prompt rows: a file, a pt-data prompts dataset, or a pipe path
+    split: str | None = None  # of a dataset directory (default: train)
+    prompt_key: str | None = None
+    id_key: str = "id"
+    template: bool = True
+    system: str | None = None
+    samples_per_prompt: int = Field(1, ge=1)  # GRPO's group size
+    prompts_per_round: int | None = Field(None, ge=1)  # default: from the global batch
+    updates_per_round: int = Field(1, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(256, ge=1)
+    stop: list[str] = Field(default_factory=list)
+    seed: int = 0
+    # per_sample: every (round, prompt, sample) has its own seed (exact resume); engine: one
+    # seed, batched sampling (faster on GPUs; a resumed run samples differently).
+    seeding: Literal["per_sample", "engine"] = "per_sample"
+    # sync: generate round k with the weights after round k-1 (staleness 0); step_off: round
+    # k+N is generated while round k trains; async: the generator runs ahead as far as
+    # max_staleness allows.
+    schedule: Literal["sync", "step_off", "async"] = "sync"
+    step_off: int = Field(1, ge=1)
+    max_staleness: int = Field(1, ge=0)  # optimizer updates, async only
+    stale: Literal["drop", "keep"] = "drop"  # async: a round older than the bound
+    engine: Literal["hf", "vllm"] = "hf"
+    # local: the HF engine generates with the policy being trained, in this process (sync
+    # only, no weight copies); server: a generator process (pt_rollout.serve) that gets new
+    # weights after each round.
+    generator: Literal["local", "server"] = "local"
+    python: str | None = None  # the generator process's interpreter (e.g. .venv-vllm/bin/python)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    max_model_len: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.engine == "vllm" and self.generator == "local":
+            raise ValueError(
+                "rollout.engine=vllm runs in a generator process: set rollout.generator=server "
+                "(and rollout.python to the interpreter that has vllm)"
+            )
+        if self.schedule != "sync" and self.generator == "local":
+            raise ValueError(
+                f"rollout.schedule={self.schedule} overlaps generation with training, which "
+                "needs the generator in its own process: set rollout.generator=server"
+            )
+        return self
+
+
 class LauncherConfig(Section):
     nproc: int = Field(1, gt=0)  # >1: pt-train starts this many local ranks itself
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on GPU, gloo on CPU
@@ -171,6 +224,7 @@ class TrainConfig(Section):
     objective: ObjectiveConfig = Field(default_factory=SFTConfig)
     training: TrainingConfig
     deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     slurm: dict[str, Any] = Field(default_factory=dict)  # pt-slurm reads it; pt-train ignores it
@@ -224,6 +278,8 @@ RESUME_FREE_KEYS = (
     "training.logging_steps",
     "training.max_consecutive_nan",
     "training.logits_chunk_mb",
+    "rollout.python",
+    "rollout.gpu_memory_utilization",
     "launcher",
     "deepspeed.engine",
     "logging",

@@ -120,7 +120,7 @@ class Trainer:
     ):
         self.cfg = cfg
         self.run_dir = cfg.run_dir
-        if producer is None and cfg.data.path is None:
+        if producer is None and cfg.data.path is None and cfg.rollout.prompts is None:
             raise ConfigError(
                 "no training data: data.path is not set",
                 hint="set data.path in the config, or pass --data PATH (or --data - in a pipe)",
@@ -141,6 +141,8 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path)
         self.objective: Objective = build_objective(cfg.objective)
         self.reference = None
+        if producer is None and cfg.rollout.prompts is not None:
+            producer = self._online_producer()
         self.producer = producer if producer is not None else self._fixed_producer()
         self.total_steps = total_steps_of(cfg, self.producer.num_rows, self.producer.num_tokens)
         frozen = self.objective.frozen()
@@ -195,6 +197,36 @@ class Trainer:
     def fused_ops(self) -> bool:
         # ZeRO-3 gathers a weight only when its own module runs; the fused MLP reads three.
         return self.cfg.model.fused_ops and self.zero_stage < 3
+
+    def _online_producer(self) -> Producer:
+        """Rounds of generation from the policy itself (``rollout.prompts`` set)."""
+        from pt_train.producers.online import OnlineProducer
+
+        if self.objective.data != "rollouts":
+            raise ConfigError(
+                f"rollout.prompts is set, but objective {self.cfg.objective.name!r} trains on "
+                "fixed data, not on samples from the policy",
+                hint="use objective.name=opd or grpo with rollout.prompts, or unset rollout.prompts",
+            )
+        rollout = self.cfg.rollout
+        if self.zero_stage == 3 and (rollout.generator == "local" or rollout.schedule != "sync"):
+            raise ConfigError(
+                "under ZeRO-3 the online loop gathers the weights on every rank for each round: "
+                "it needs rollout.generator=server and rollout.schedule=sync",
+                hint="set them, or use deepspeed.zero_stage 0-2",
+            )
+
+        def state_dict():
+            return ckpt.gathered_state_dict(self.engine, self.zero_stage)
+
+        return OnlineProducer(
+            self.cfg,
+            self.objective,
+            self.env,
+            self.tokenizer,
+            policy=lambda: self.engine.module,
+            state_dict=state_dict,
+        )
 
     def _fixed_producer(self) -> Producer:
         """Token rows or preference pairs from ``data.path``, whichever the objective trains on."""
@@ -565,7 +597,13 @@ def train(
         cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(data_path)})})
     if cfg.data.path is not None and not Path(cfg.data.path).exists():
         raise InputError(f"data.path {cfg.data.path}: no such file or directory")
+    if cfg.rollout.prompts is not None and not Path(cfg.rollout.prompts).exists():
+        raise InputError(f"rollout.prompts {cfg.rollout.prompts}: no such file or directory")
     # Signals are caught from the start: one that arrives while the model loads stops
     # the run after its first step, with a checkpoint, like any other.
     with StopRequest() as stop:
-        return Trainer(cfg, force_resume=force_resume, producer=producer).train(stop)
+        trainer = Trainer(cfg, force_resume=force_resume, producer=producer)
+        try:
+            return trainer.train(stop)
+        finally:
+            trainer.producer.close()

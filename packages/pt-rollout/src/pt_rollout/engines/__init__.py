@@ -55,6 +55,7 @@ def load_engine(
     max_model_len: int | None = None,
     max_logprobs: int = 20,
     hf_batch_size: int = 64,
+    logprobs_mode: str = "raw",
 ) -> Engine:
     """Build an engine by name (``auto``, ``vllm`` or ``hf``) for the model at ``model``."""
     name = resolve_engine(name)
@@ -69,6 +70,7 @@ def load_engine(
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             max_logprobs=max_logprobs,
+            logprobs_mode=logprobs_mode,
         )
     if tensor_parallel_size != 1:
         raise ConfigError(
@@ -77,4 +79,4 @@ def load_engine(
         )
     from pt_rollout.engines.hf import HFEngine
 
-    return HFEngine(model, dtype=dtype, max_batch_size=hf_batch_size)
+    return HFEngine(model, dtype=dtype, max_batch_size=hf_batch_size, seed=seed)

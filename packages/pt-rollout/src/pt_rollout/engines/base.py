@@ -18,6 +18,17 @@ class SamplingParams:
     ``temperature == 0`` is greedy decoding. ``stop`` strings end a completion when its
     decoded text contains one (the text is cut before it); ``stop_token_ids`` and the
     model's EOS end it at that token, which is kept in the token ids.
+
+    ``logprobs`` records each sampled token's log-prob: under the model's raw distribution
+    (``logprobs_mode="raw"``), or under the distribution it was sampled from
+    (``"processed"``: after temperature and top-p, renormalised), which is what an
+    importance ratio needs. ``logprobs_top_k`` also records the k most likely tokens of the
+    raw distribution at every step, and their log-probs.
+
+    ``seeded``: every request samples from its own generator seeded with its seed, so a
+    completion does not depend on its batch (exact resume); off, the engine samples a
+    batch at once from one generator seeded once (faster on GPUs, where per-request
+    generators make vLLM sample request by request), and completions depend on batching.
     """
 
     temperature: float = 1.0
@@ -26,6 +37,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = False
+    logprobs_mode: str = "raw"
+    logprobs_top_k: int = 0
+    seeded: bool = True
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -34,6 +48,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.logprobs_mode not in ("raw", "processed"):
+            raise ValueError(f"logprobs_mode must be raw or processed, got {self.logprobs_mode!r}")
+        if self.logprobs_top_k < 0:
+            raise ValueError(f"logprobs_top_k must be >= 0, got {self.logprobs_top_k}")
 
     @property
     def greedy(self) -> bool:
@@ -43,12 +61,14 @@ class SamplingParams:
 @dataclass
 class Completion:
     """One generated completion: its token ids, why it ended, and (optionally) the log-prob
-    of each sampled token under the generating model's raw distribution (before temperature
-    and top-p)."""
+    of each sampled token (see :class:`SamplingParams` for which distribution) and the raw
+    distribution's top-k at every step."""
 
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS, stop token or stop string) or "length"
     logprobs: list[float] | None = None
+    topk_ids: list[list[int]] | None = None
+    topk_logprobs: list[list[float]] | None = None
 
 
 @dataclass
@@ -59,6 +79,7 @@ class TokenScores:
     token_logprobs: list[float]
     topk_ids: list[list[int]] | None = None
     topk_logprobs: list[list[float]] | None = None
+    at_ids_logprobs: list[list[float]] | None = None  # log-probs of given ids per position
 
 
 @dataclass(frozen=True)
@@ -89,14 +110,22 @@ class Engine(ABC):
         completion_token_ids: Sequence[list[int]],
         *,
         top_k: int = 0,
+        at_ids: Sequence[list[list[int]]] | None = None,
     ) -> list[TokenScores]:
         """The log-prob of every completion token given the prompt and the completion's
-        prefix, and with ``top_k > 0`` the k most likely tokens at each completion position."""
+        prefix, with ``top_k > 0`` the k most likely tokens at each completion position,
+        and with ``at_ids`` (per request, per completion position, a list of token ids)
+        the log-probs of those tokens there."""
 
     @property
     @abstractmethod
     def max_model_len(self) -> int:
         """The longest prompt + completion the engine accepts."""
+
+    def load_weights(self, path: str) -> None:
+        """Replace the model's weights with those of the checkpoint directory ``path``
+        (same architecture), keeping the engine running."""
+        raise NotImplementedError(f"the {self.name} engine cannot load new weights")
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Release the model's memory."""

@@ -23,34 +23,51 @@ class HFEngine(Engine):
 
     def __init__(
         self,
-        model: str,
+        model,
         *,
         dtype: str = "auto",
         device: str = "auto",
         max_batch_size: int = 64,
         max_batch_tokens: int = 65536,
         logits_budget_mb: int = 1024,
+        tokenizer=None,
+        seed: int = 0,
     ):
+        """``model``: a checkpoint directory (or hub name), or a loaded causal LM to generate
+        with as it is (e.g. the model being trained: its weights are live, nothing is copied);
+        then ``tokenizer`` is needed too."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
-        self.model.to(self.device).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        if isinstance(model, str | bytes) or hasattr(model, "__fspath__"):
+            torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+            self.model.to(self.device).eval()
+            self.tokenizer = AutoTokenizer.from_pretrained(model)
+        else:
+            self.model = model
+            self.tokenizer = tokenizer
+        # Batches of unseeded requests (SamplingParams.seeded off) sample from this one.
+        self._batch_generator = torch.Generator(device=self.device).manual_seed(seed)
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id or 0
         # transformers renamed past_key_values to cache (5.2x); accept both.
-        forward_args = inspect.signature(self.model.forward).parameters
+        # (the class's forward: a trainer may wrap the instance's)
+        forward_args = inspect.signature(type(self.model).forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.logits_budget_bytes = logits_budget_mb * 2**20
-        log.info("hf engine: %s on %s (%s)", model, self.device, self.model.dtype)
+        log.info(
+            "hf engine: %s on %s (%s)",
+            model if isinstance(model, str) else type(model).__name__,
+            self.device,
+            self.model.dtype,
+        )
 
     @property
     def max_model_len(self) -> int:
@@ -111,13 +128,15 @@ class HFEngine(Engine):
         next_position = mask.sum(-1, keepdim=True)  # [A, 1]
         budgets = [min(params.max_tokens, self.max_model_len - n) for n in lengths]
         generators = None
-        if not params.greedy:
+        if not params.greedy and params.seeded:
             generators = [torch.Generator(device=dev).manual_seed(r.seed) for r in requests]
         stop_ids = set(params.stop_token_ids)
         stop_window = max((len(s) for s in params.stop), default=0) + 8
 
         tokens: list[list[int]] = [[] for _ in requests]
         logprobs: list[list[float]] = [[] for _ in requests]
+        top_ids: list[list[list[int]]] = [[] for _ in requests]
+        top_logprobs: list[list[list[float]]] = [[] for _ in requests]
         finish: list[str | None] = [None] * len(requests)
         active = list(range(len(requests)))  # request index of each row still in the cache
 
@@ -128,17 +147,29 @@ class HFEngine(Engine):
             cache = out[self._cache_arg]
             logits = out.logits[:, -1, :].float()  # [A, V]
             while True:
-                chosen = self._sample(logits, params, generators, active)  # [A]
-                raw_logprobs = None
+                chosen, sampled_logprobs = self._sample(logits, params, generators, active)  # [A]
+                chosen_logprobs = topk = raw = None
+                if params.logprobs_top_k or (params.logprobs and params.logprobs_mode == "raw"):
+                    raw = torch.log_softmax(logits, -1)
                 if params.logprobs:
-                    raw_logprobs = torch.log_softmax(logits, -1).gather(-1, chosen[:, None])[:, 0]
+                    chosen_logprobs = (
+                        sampled_logprobs
+                        if params.logprobs_mode == "processed"
+                        else raw.gather(-1, chosen[:, None])[:, 0]
+                    ).tolist()
+                if params.logprobs_top_k:
+                    values, ids = raw.topk(min(params.logprobs_top_k, raw.shape[-1]), -1)
+                    topk = (ids.tolist(), values.tolist())
                 chosen_list = chosen.tolist()
                 keep = []
                 for row, i in enumerate(active):
                     token = chosen_list[row]
                     tokens[i].append(token)
-                    if raw_logprobs is not None:
-                        logprobs[i].append(float(raw_logprobs[row]))
+                    if chosen_logprobs is not None:
+                        logprobs[i].append(float(chosen_logprobs[row]))
+                    if topk is not None:
+                        top_ids[i].append(topk[0][row])
+                        top_logprobs[i].append(topk[1][row])
                     if token in stop_ids or (
                         params.stop and self._hits_stop(tokens[i], params.stop, stop_window)
                     ):
@@ -165,16 +196,25 @@ class HFEngine(Engine):
                 next_position = next_position + 1
                 logits = out.logits[:, -1, :].float()
         return [
-            Completion(tokens[i], finish[i], logprobs[i] if params.logprobs else None)
+            Completion(
+                tokens[i],
+                finish[i],
+                logprobs[i] if params.logprobs else None,
+                top_ids[i] if params.logprobs_top_k else None,
+                top_logprobs[i] if params.logprobs_top_k else None,
+            )
             for i in range(len(requests))
         ]
 
-    @staticmethod
-    def _sample(logits, params: SamplingParams, generators, active: list[int]):
+    def _sample(self, logits, params: SamplingParams, generators, active: list[int]):
+        """[A] sampled tokens and their log-probs under the distribution sampled from
+        (temperature, then top-p renormalised), from each request's own generator or, for
+        unseeded requests, from the engine's one."""
         import torch
 
         if params.greedy:
-            return logits.argmax(-1)
+            chosen = logits.argmax(-1)
+            return chosen, torch.zeros(chosen.shape, device=logits.device)
         probs = torch.softmax(logits / params.temperature, dim=-1)
         if params.top_p < 1.0:
             # Keep the smallest set of most likely tokens whose mass reaches top_p.
@@ -182,12 +222,17 @@ class HFEngine(Engine):
             mass_before = sorted_probs.cumsum(-1) - sorted_probs
             sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, sorted_ids, sorted_probs)
-        return torch.cat(
-            [
-                torch.multinomial(probs[row], 1, generator=generators[i])
-                for row, i in enumerate(active)
-            ]
-        )
+            probs = probs / probs.sum(-1, keepdim=True)
+        if generators is None:
+            chosen = torch.multinomial(probs, 1, generator=self._batch_generator)[:, 0]
+        else:
+            chosen = torch.cat(
+                [
+                    torch.multinomial(probs[row], 1, generator=generators[i])
+                    for row, i in enumerate(active)
+                ]
+            )
+        return chosen, probs.gather(-1, chosen[:, None])[:, 0].log()
 
     def _hits_stop(self, token_ids: list[int], stop: tuple[str, ...], window: int) -> bool:
         tail = self.tokenizer.decode(token_ids[-window:], skip_special_tokens=True)
@@ -201,6 +246,7 @@ class HFEngine(Engine):
         completion_token_ids: Sequence[list[int]],
         *,
         top_k: int = 0,
+        at_ids: Sequence[list[list[int]]] | None = None,
     ) -> list[TokenScores]:
         assert len(prompt_token_ids) == len(completion_token_ids)
         for p in prompt_token_ids:
@@ -233,12 +279,13 @@ class HFEngine(Engine):
                 [prompt_token_ids[i] for i in batch],
                 [completion_token_ids[i] for i in batch],
                 top_k,
+                [at_ids[i] for i in batch] if at_ids is not None else None,
             )
             for i, s in zip(batch, scores, strict=True):
                 results[i] = s
         return results  # type: ignore[return-value]
 
-    def _score_batch(self, prompts, completions, top_k: int) -> list[TokenScores]:
+    def _score_batch(self, prompts, completions, top_k: int, at_ids=None) -> list[TokenScores]:
         import torch
 
         sequences = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
@@ -273,10 +320,35 @@ class HFEngine(Engine):
                 # logits at position width-n+j-1, i.e. kept index keep-1-n+j.
                 logp = torch.log_softmax(logits[row, keep - 1 - n : keep - 1].float(), dim=-1)
                 target = torch.tensor(completion, device=logp.device)[:, None]
-                token_logprobs = logp.gather(-1, target)[:, 0].tolist()
+                scores = TokenScores(logp.gather(-1, target)[:, 0].tolist())
                 if top_k:
                     values, ids = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
-                    results.append(TokenScores(token_logprobs, ids.tolist(), values.tolist()))
-                else:
-                    results.append(TokenScores(token_logprobs))
+                    scores.topk_ids, scores.topk_logprobs = ids.tolist(), values.tolist()
+                if at_ids is not None:
+                    wanted = torch.tensor(at_ids[row], dtype=torch.long, device=logp.device)
+                    scores.at_ids_logprobs = logp.gather(-1, wanted).tolist()
+                results.append(scores)
         return results
+
+    # ------------------------------------------------------------------ weights
+
+    def load_weights(self, path: str) -> None:
+        """Load the safetensors weights of checkpoint directory ``path`` into the model."""
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        state = {}
+        for shard in sorted(Path(path).glob("*.safetensors")):
+            state.update(load_file(str(shard), device=str(self.device)))
+        if not state:
+            raise ValueError(f"{path} holds no .safetensors weights")
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        # A tied LM head is saved once; any other missing or unknown name is a mismatch.
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            missing = [k for k in missing if not k.endswith("lm_head.weight")]
+        if missing or unexpected:
+            raise ValueError(
+                f"{path}: weights do not fit the model (missing {missing[:3]}, "
+                f"unexpected {unexpected[:3]})"
+            )

@@ -36,6 +36,7 @@ class VLLMEngine(Engine):
         max_model_len: int | None = None,
         max_logprobs: int = 20,
         enforce_eager: bool | None = None,
+        logprobs_mode: str = "raw",
     ):
         _quiet_vllm_logging()
         from vllm import LLM
@@ -62,6 +63,11 @@ class VLLMEngine(Engine):
             # prompts avoids partial prefills.
             extra["enable_chunked_prefill"] = False
         self._max_logprobs = max_logprobs
+        # vLLM fixes at start-up which distribution its log-probs are of.
+        self.logprobs_mode = logprobs_mode
+        extra["logprobs_mode"] = (
+            "processed_logprobs" if logprobs_mode == "processed" else ("raw_logprobs")
+        )
         self.llm = LLM(
             model=model,
             dtype=dtype,
@@ -91,6 +97,12 @@ class VLLMEngine(Engine):
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
+        if params.logprobs and params.logprobs_mode != self.logprobs_mode:
+            raise ValueError(
+                f"this vLLM engine returns {self.logprobs_mode} log-probs; "
+                f"{params.logprobs_mode} ones need an engine started with that mode"
+            )
+        want = params.logprobs_top_k if params.logprobs_top_k else (0 if params.logprobs else None)
         sampling = [
             VSamplingParams(
                 n=1,
@@ -99,8 +111,10 @@ class VLLMEngine(Engine):
                 max_tokens=min(params.max_tokens, self.max_model_len - len(r.prompt_token_ids)),
                 stop=list(params.stop) or None,
                 stop_token_ids=list(params.stop_token_ids) or None,
-                seed=None if params.greedy else r.seed,
-                logprobs=0 if params.logprobs else None,
+                # Per-request seeds make vLLM sample those requests one by one (exact resume);
+                # unseeded requests share the engine's generator and its batched kernels.
+                seed=None if params.greedy or not params.seeded else r.seed,
+                logprobs=want,
             )
             for r in requests
         ]
@@ -113,14 +127,30 @@ class VLLMEngine(Engine):
         for out in outputs:
             sample = out.outputs[0]
             token_ids = list(sample.token_ids)
-            logprobs = None
+            logprobs = topk_ids = topk_logprobs = None
             if params.logprobs:
                 logprobs = [
                     float(position[token].logprob)
                     for position, token in zip(sample.logprobs, token_ids, strict=True)
                 ]
+            if params.logprobs_top_k:
+                topk_ids, topk_logprobs = [], []
+                for position in sample.logprobs:
+                    ranked = sorted(
+                        ((lp.rank, t, lp.logprob) for t, lp in position.items()
+                         if lp.rank is not None and lp.rank <= params.logprobs_top_k),
+                        key=lambda item: item[0],
+                    )  # fmt: skip
+                    topk_ids.append([t for _, t, _ in ranked])
+                    topk_logprobs.append([float(v) for _, _, v in ranked])
             completions.append(
-                Completion(token_ids, _finish_reason(sample.finish_reason), logprobs)
+                Completion(
+                    token_ids,
+                    _finish_reason(sample.finish_reason),
+                    logprobs,
+                    topk_ids,
+                    topk_logprobs,
+                )
             )
         return completions
 
@@ -130,10 +160,16 @@ class VLLMEngine(Engine):
         completion_token_ids: Sequence[list[int]],
         *,
         top_k: int = 0,
+        at_ids=None,
     ) -> list[TokenScores]:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
+        if at_ids is not None:
+            raise ValueError(
+                "the vLLM engine returns the top-k of each position only, not the log-probs "
+                "of given tokens; score those with the HF engine (--engine hf)"
+            )
         if top_k > self._max_logprobs:
             raise ValueError(
                 f"top_k {top_k} exceeds the engine's max_logprobs {self._max_logprobs}; "
@@ -177,6 +213,12 @@ class VLLMEngine(Engine):
                 topk_logprobs.append([float(logprob) for _, _, logprob in ranked])
             results.append(TokenScores(token_logprobs, topk_ids, topk_logprobs))
         return results
+
+    def load_weights(self, path: str) -> None:
+        """New weights from checkpoint directory ``path``, loaded in place by every worker;
+        the prefix cache (KV of the old weights) is dropped."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+        self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)

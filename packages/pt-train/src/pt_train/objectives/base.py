@@ -53,6 +53,9 @@ class Objective:
     # reference's whole distribution at every trained position. (An instance may set it
     # from its config.)
     reference: str = "none"
+    # Objectives on rollouts: which log-probs of the sampled tokens the generator records
+    # ("raw": the model's distribution, "processed": the one sampled from).
+    logprobs_mode: str = "raw"
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
@@ -72,6 +75,12 @@ class Objective:
 
     def required_columns(self) -> dict[str, str]:
         """For objectives on rollouts: the row columns they need, and how to get each."""
+        return {}
+
+    def process_round(self, rows: list[dict], round_index: int) -> dict:
+        """For objectives on rollouts, in the online loop: add what the objective needs to a
+        round's rows once they are generated (rewards, advantages), in place; return the
+        round's metrics."""
         return {}
 
     def count(self, batch) -> float:

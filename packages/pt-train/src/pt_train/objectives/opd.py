@@ -235,8 +235,11 @@ class OPD(Objective):
     def loss(self, out, batch, ref) -> LossOutput:
         cfg = self.cfg
         student_token = out.token_logps
-        teacher_token = batch.data["teacher_token_logps"].to(student_token.dtype)
-        metrics = {"sampled_kl": mean_metric(student_token.detach() - teacher_token)}
+        teacher_token = batch.data.get("teacher_token_logps")
+        metrics = {}
+        if teacher_token is not None:
+            teacher_token = teacher_token.to(student_token.dtype)
+            metrics["sampled_kl"] = mean_metric(student_token.detach() - teacher_token)
         if cfg.loss in DIVERGENCES:
             if cfg.support == "full":
                 per_token = out.dense

@@ -1,0 +1,528 @@
+"""The online loop as a producer: rounds of generation from the policy being trained.
+
+Round ``r`` takes ``prompts_per_round`` prompts (epochs of a seeded permutation, as for
+fixed data), samples ``samples_per_prompt`` completions of each from the policy, has them
+scored by the teacher (OPD) or graded (GRPO, :meth:`Objective.process_round`), and
+feeds the trainer ``updates_per_round`` optimizer steps of ``global_batch_size`` rows.
+Step ``s`` trains round ``s // updates_per_round``.
+
+Where the samples come from (``rollout.generator``):
+
+- ``local``: the HF engine generates with the policy module itself, in the trainer's
+  process, between steps; the weights are always the current ones (no copies);
+- ``server``: a generator process (:mod:`pt_rollout.serve`, HF or vLLM, in its own
+  environment if need be) that gets the policy's weights at every round start, written as
+  safetensors to a directory in memory (``/dev/shm``) and loaded in place; its cost is the
+  ``weight_push_s`` metric.
+
+When (``rollout.schedule``), with ``U = updates_per_round``:
+
+- ``sync``: round r is generated when round r starts, with the weights of that moment;
+- ``step_off: N``: round r+N is asked for when round r starts, so it is generated while
+  round r trains (the first N+1 rounds with the starting weights);
+- ``async``: the generator is kept busy with up to ``max_staleness // U`` rounds ahead,
+  each asked for as soon as a place is free; a round whose staleness exceeds
+  ``max_staleness`` is dropped and generated again (``stale: drop``, as TRL does, counted
+  in ``dropped_stale``) or trained on anyway (``stale: keep``, as AsyncOPD does).
+
+Every sample records ``weight_version``, the number of optimizer updates behind the
+weights that generated it, and ``staleness``: the updates between those weights and the
+weights its round starts training from (0 for ``sync``, ``N x U`` in the steady state of
+``step_off``). Each round is written to ``<run_dir>/rounds/round-NNNNNN/rollouts.jsonl``
+(and ``meta.json``) before it is trained on; a resumed run reads the rounds it finds there
+instead of generating them again, so with ``schedule: sync`` and per-sample seeds it ends
+with the weights of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from pt_core.errors import ConfigError
+from pt_core.files import atomic_write_json, iter_rows, write_rows
+from pt_core.log import get_logger
+from pt_train.batch import Batch
+from pt_train.data import StepSampler
+from pt_train.distributed import DistEnv, barrier
+from pt_train.producers.base import Producer
+from pt_train.producers.rollouts import (
+    SEQUENCE_COLUMNS,
+    TOKEN_COLUMNS,
+    rollout_batch,
+    sample_from_row,
+)
+
+log = get_logger(__name__)
+
+
+class OnlineProducer(Producer):
+    def __init__(
+        self,
+        cfg,
+        objective,
+        env: DistEnv,
+        tokenizer,
+        *,
+        policy: Callable[[], object],
+        state_dict: Callable[[], dict | None],
+    ):
+        from pt_rollout.prompts import prompts_path, read_prompts
+
+        self.cfg = cfg
+        self.rollout = r = cfg.rollout
+        self.objective = objective
+        self.env = env
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.state_dict_of_policy = state_dict
+        self.run_dir = Path(cfg.run_dir)
+        training = cfg.training
+        if training.max_steps is None:
+            raise ConfigError(
+                "the online loop runs training.max_steps optimizer steps; other training "
+                "lengths count fixed rows",
+                hint="set training.max_steps (rounds = max_steps / rollout.updates_per_round)",
+            )
+        self.updates = r.updates_per_round
+        if training.max_steps % self.updates:
+            raise ConfigError(
+                f"training.max_steps={training.max_steps} is not a whole number of rounds of "
+                f"rollout.updates_per_round={self.updates}",
+                hint="make max_steps a multiple of updates_per_round",
+            )
+        self.rows_per_step = training.global_batch_size
+        rows_per_round = self.rows_per_step * self.updates
+        if rows_per_round % r.samples_per_prompt:
+            raise ConfigError(
+                f"a round of {rows_per_round} rows (training.global_batch_size x "
+                f"rollout.updates_per_round) is not a whole number of prompts of "
+                f"rollout.samples_per_prompt={r.samples_per_prompt}",
+                hint="make global_batch_size x updates_per_round a multiple of samples_per_prompt",
+            )
+        self.prompts_per_round = rows_per_round // r.samples_per_prompt
+        if r.prompts_per_round is not None and r.prompts_per_round != self.prompts_per_round:
+            raise ConfigError(
+                f"rollout.prompts_per_round={r.prompts_per_round}, but global_batch_size x "
+                f"updates_per_round / samples_per_prompt = {self.prompts_per_round}",
+                hint="leave prompts_per_round unset, or change global_batch_size",
+            )
+        source = prompts_path(r.prompts, r.split or "train")
+        self.prompts = read_prompts(source, prompt_key=r.prompt_key, id_key=r.id_key)
+        self.sampler = StepSampler(
+            len(self.prompts), self.prompts_per_round, seed=r.seed, shuffle=True
+        )
+        self.num_rows = rows_per_round * (training.max_steps // self.updates)
+        self.num_tokens = 0
+        self.micro_batch_size = training.micro_batch_size
+        self._token_ids: dict[int, list[int]] = {}
+        self._rounds: dict[int, list[dict]] = {}
+        self._meta: dict[int, dict] = {}
+        self._pending: dict[int, int] = {}  # round -> generator key (server)
+        self._pending_version: dict[int, int] = {}
+        self._generator = None
+        self._teacher = None
+        self._push_dirs: list[Path] = []
+        self._push_keys: list[int] = []
+        self._gathered: dict | None = None
+        self._pushed_version: int | None = None
+        self._push_seconds = 0.0
+        self.dropped_stale = 0
+        self._version = 0  # optimizer updates so far (set by the trainer on resume)
+
+    # ------------------------------------------------------------------ the trainer's side
+
+    def micro_batches(self, step: int) -> list[Batch]:
+        self._version = step
+        round_index, j = divmod(step, self.updates)
+        rows = self._round(round_index)
+        step_rows = rows[j * self.rows_per_step : (j + 1) * self.rows_per_step]
+        per_rank = len(step_rows) // self.env.world_size
+        mine = step_rows[self.env.rank * per_rank : (self.env.rank + 1) * per_rank]
+        columns = [c for c in (*TOKEN_COLUMNS, *SEQUENCE_COLUMNS) if c in mine[0]]
+        samples = [
+            sample_from_row(row, f"round {round_index} row {i}", columns)
+            for i, row in enumerate(mine)
+        ]
+        pack = (
+            self.cfg.data.max_seq_length
+            if self.cfg.model.attn_implementation == "flash_attention_2"
+            else None
+        )
+        self._step_rows = step_rows
+        return [
+            rollout_batch(
+                samples[i : i + self.micro_batch_size],
+                self.tokenizer.pad_token_id,
+                self.cfg.model.attn_implementation,
+                pack,
+            )
+            for i in range(0, len(samples), self.micro_batch_size)
+        ]
+
+    def after_step(self, step: int) -> dict:
+        rows = self._step_rows
+        staleness = np.array([row["staleness"] for row in rows], dtype=np.float64)
+        metrics = {
+            "round": step // self.updates,
+            "staleness_mean": float(staleness.mean()),
+            "staleness_min": float(staleness.min()),
+            "staleness_max": float(staleness.max()),
+            "dropped_stale": self.dropped_stale,
+        }
+        if step % self.updates == 0:  # the round's own figures, logged with its first step
+            metrics.update(self._meta.get(step // self.updates, {}).get("metrics", {}))
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {"dropped_stale": self.dropped_stale}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.dropped_stale = int(state.get("dropped_stale", 0))
+
+    def close(self) -> None:
+        if self._generator is not None and hasattr(self._generator, "close"):
+            self._generator.close()
+        self._generator = None
+        for d in self._push_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+    # ------------------------------------------------------------------ rounds
+
+    def round_dir(self, index: int) -> Path:
+        return self.run_dir / "rounds" / f"round-{index:06d}"
+
+    def _round(self, index: int) -> list[dict]:
+        """The rows of round ``index``: from memory, from its directory, or generated
+        (rank 0; the others read what it wrote)."""
+        if index in self._rounds:
+            return self._rounds[index]
+        for old in [k for k in self._rounds if k < index]:
+            self._rounds.pop(old)
+        barrier()  # every rank decides on the same files
+        missing = not (self.round_dir(index) / "rollouts.jsonl").exists()
+        if missing and self.cfg.deepspeed.zero_stage == 3:
+            # ZeRO-3 partitions the weights: gathering them for the generator takes every rank
+            self._gathered = self.state_dict_of_policy()
+        if missing and self.env.is_main:
+            self._generate_round(index)
+        self._gathered = None
+        barrier()
+        rows = list(iter_rows(self.round_dir(index) / "rollouts.jsonl"))
+        meta = json.loads((self.round_dir(index) / "meta.json").read_text())
+        start_version = index * self.updates
+        for row in rows:
+            row["staleness"] = start_version - row["weight_version"]
+        self._meta[index] = meta
+        self._rounds[index] = rows
+        return rows
+
+    def _requests(self, index: int):
+        """The (prompt, sample) requests of round ``index``, with their seeds."""
+        from pt_rollout.engines import Request
+        from pt_rollout.generate import sample_seed
+        from pt_rollout.prompts import prompt_token_ids
+
+        out = []
+        for position in self.sampler.global_batch(index):
+            prompt = self.prompts[position]
+            if position not in self._token_ids:
+                self._token_ids[position] = prompt_token_ids(
+                    self.tokenizer,
+                    prompt.prompt,
+                    template=self.rollout.template,
+                    system=self.rollout.system,
+                )
+            for sample in range(self.rollout.samples_per_prompt):
+                seed = sample_seed(self.rollout.seed, [index, prompt.id], sample)
+                out.append((prompt, sample, Request(self._token_ids[position], seed)))
+        return out
+
+    def _sampling(self) -> dict:
+        from pt_rollout.prompts import stop_token_ids
+
+        r = self.rollout
+        return {
+            "temperature": r.temperature,
+            "top_p": r.top_p,
+            "max_tokens": r.max_tokens,
+            "stop": tuple(r.stop),
+            "stop_token_ids": stop_token_ids(self._stop_source(), self.tokenizer),
+            "logprobs": True,
+            "logprobs_mode": self.objective.logprobs_mode,
+            "logprobs_top_k": self._student_top_k(),
+            "seeded": r.seeding == "per_sample",
+        }
+
+    def _stop_source(self) -> str:
+        m = self.cfg.model
+        return m.name_or_path if m.name_or_path is not None else m.tokenizer_path
+
+    def _student_top_k(self) -> int:
+        cfg = self.cfg.objective
+        if getattr(cfg, "support", None) == "student_topk":
+            return cfg.teacher.top_k
+        return 0
+
+    def _score_request(self) -> dict | None:
+        """What the teacher must add to each round, or None (no teacher columns needed)."""
+        cfg = self.cfg.objective
+        need = self.objective.required_columns()
+        if not any(c.startswith("teacher_") for c in need):
+            return None
+        return {
+            "top_k": cfg.teacher.top_k if "teacher_topk_ids" in need else 0,
+            "at_student_topk": "teacher_student_topk_logprobs" in need,
+        }
+
+    # ------------------------------------------------------------------ generation (rank 0)
+
+    def _generate_round(self, index: int) -> None:
+        started = time.perf_counter()
+        if self.rollout.generator == "local":
+            result = self._generate_local(index)
+        else:
+            result = self._generate_server(index)
+        wait_s = time.perf_counter() - started
+        requests = self._requests(index)
+        rows = []
+        for (prompt, sample, request), completion, score in zip(
+            requests, result["completions"], result.get("scores") or [None] * len(requests),
+            strict=True,
+        ):  # fmt: skip
+            rows.append(self._row(index, prompt, sample, request, completion, score, result))
+        metrics = self.objective.process_round(rows, index)
+        metrics.update(
+            {
+                "generate_s": round(result.get("generate_s", 0.0), 3),
+                "score_s": round(result.get("score_s", 0.0), 3),
+                "wait_s": round(wait_s, 3),
+                "weight_push_s": round(self._push_seconds, 3),
+                "completion_tokens_mean": float(
+                    np.mean([len(r["completion_token_ids"]) for r in rows])
+                ),
+            }
+        )
+        self._push_seconds = 0.0
+        directory = self.round_dir(index)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_rows(directory / "rollouts.jsonl", rows)
+        atomic_write_json(
+            directory / "meta.json",
+            {"round": index, "weight_version": result["version"], "metrics": metrics},
+        )
+
+    def _row(self, index, prompt, sample, request, completion, score, result) -> dict:
+        from pt_rollout.generate import completion_text
+
+        c = completion if isinstance(completion, dict) else completion.__dict__
+        row = {
+            "id": prompt.id,
+            "sample": sample,
+            "round": index,
+            "prompt": prompt.prompt,
+            "completion": completion_text(self.tokenizer, c["token_ids"], list(self.rollout.stop)),
+            "prompt_token_ids": list(request.prompt_token_ids),
+            "completion_token_ids": list(c["token_ids"]),
+            "finish_reason": c["finish_reason"],
+            "completion_logprobs": c["logprobs"],
+            "weight_version": result["version"],
+        }
+        if c.get("topk_ids") is not None:
+            row["student_topk_ids"] = c["topk_ids"]
+            row["student_topk_logprobs"] = c["topk_logprobs"]
+        if score is not None:
+            s = score if isinstance(score, dict) else score.__dict__
+            row["teacher_token_logprobs"] = s["token_logprobs"]
+            if s.get("topk_ids") is not None:
+                row["teacher_topk_ids"] = s["topk_ids"]
+                row["teacher_topk_logprobs"] = s["topk_logprobs"]
+            if s.get("at_ids_logprobs") is not None:
+                row["teacher_student_topk_logprobs"] = s["at_ids_logprobs"]
+        for key, value in prompt.columns.items():
+            row.setdefault(key, value)
+        return row
+
+    def _generate_local(self, index: int) -> dict:
+        import torch
+
+        from pt_rollout.engines import SamplingParams
+        from pt_rollout.engines.hf import HFEngine
+
+        model = self.policy()
+        if self._generator is None:
+            device = next(model.parameters()).device
+            self._generator = HFEngine(
+                model, tokenizer=self.tokenizer, device=str(device), seed=self.rollout.seed
+            )
+        requests = [request for _, _, request in self._requests(index)]
+        was_training = model.training
+        model.eval()
+        start = time.perf_counter()
+        try:
+            completions = self._generator.generate(requests, SamplingParams(**self._sampling()))
+        finally:
+            model.train(was_training)
+        out = {
+            "completions": completions,
+            "version": self._version,
+            "generate_s": time.perf_counter() - start,
+        }
+        score = self._score_request()
+        if score is not None:
+            start = time.perf_counter()
+            teacher = self._local_teacher()
+            with torch.inference_mode():
+                out["scores"] = teacher.score(
+                    [r.prompt_token_ids for r in requests],
+                    [c.token_ids for c in completions],
+                    top_k=score["top_k"],
+                    at_ids=[c.topk_ids for c in completions] if score["at_student_topk"] else None,
+                )
+            out["score_s"] = time.perf_counter() - start
+        return out
+
+    def _local_teacher(self):
+        if self._teacher is None:
+            from pt_rollout.engines.hf import HFEngine
+
+            path = self.cfg.objective.teacher.path
+            if path is None:
+                raise ConfigError(
+                    "the online loop scores with the teacher: set objective.teacher.path"
+                )
+            self._teacher = HFEngine(path)
+        return self._teacher
+
+    # ------------------------------------------------------------------ the generator process
+
+    def _generate_server(self, index: int) -> dict:
+        r = self.rollout
+        if self._generator is None:
+            self._start_server()
+        self._top_up(index)
+        while True:
+            result = self._generator.wait(self._pending.pop(index))
+            staleness = index * self.updates - result["version"]
+            if r.schedule != "async" or staleness <= r.max_staleness or r.stale == "keep":
+                break
+            self.dropped_stale += 1
+            log.info(
+                "round %d was generated %d updates ago (> rollout.max_staleness=%d): "
+                "generating it again",
+                index,
+                staleness,
+                r.max_staleness,
+            )
+            self._push_current()
+            self._request(index)
+        if r.schedule == "async":
+            self._top_up(index + 1)  # keep the generator busy as far as staleness allows
+        result["completions"] = [dict(c) for c in result["completions"]]
+        if result.get("scores") is not None:
+            result["scores"] = [dict(c) for c in result["scores"]]
+        return result
+
+    def _top_up(self, current: int) -> None:
+        """Ask the generator for the rounds the schedule wants in flight now: ``current``
+        (sync), up to ``current + step_off`` (step_off), or every round whose staleness
+        with the current weights would stay within ``max_staleness`` (async). Weights are
+        pushed first when they changed, so a request is sampled with the newest ones."""
+        r = self.rollout
+        last = self.cfg.training.max_steps // self.updates - 1
+        if r.schedule == "sync":
+            wanted = [current]
+        elif r.schedule == "step_off":
+            wanted = range(current, min(current + r.step_off, last) + 1)
+        else:
+            wanted = [
+                w
+                for w in range(current, last + 1)
+                if w * self.updates - self._version <= r.max_staleness
+            ]
+        todo = [
+            w
+            for w in wanted
+            if w <= last
+            and w not in self._pending
+            and w not in self._rounds
+            and not (self.round_dir(w) / "rollouts.jsonl").exists()
+        ]
+        if todo:
+            self._push_current()
+        for w in todo:
+            self._request(w)
+
+    def _request(self, index: int) -> None:
+        requests = [request for _, _, request in self._requests(index)]
+        self._pending[index] = self._generator.submit_generate(
+            requests, self._sampling(), self._score_request()
+        )
+
+    def _start_server(self) -> None:
+        from pt_rollout.serve import RemoteGenerator
+
+        r = self.rollout
+        path = self._write_weights()
+        teacher = None
+        if self._score_request() is not None:
+            teacher = self.cfg.objective.teacher.path
+        self._generator = RemoteGenerator(
+            str(path),
+            python=r.python,
+            engine=r.engine,
+            teacher=teacher,
+            teacher_engine="hf" if teacher and self._score_request()["at_student_topk"] else None,
+            seed=r.seed,
+            version=self._version,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            max_model_len=r.max_model_len,
+            max_logprobs=max(20, self._student_top_k(), getattr(
+                getattr(self.cfg.objective, "teacher", None), "top_k", 0)),
+            logprobs_mode=self.objective.logprobs_mode,
+        )  # fmt: skip
+        self._pushed_version = self._version
+
+    def _push_current(self) -> None:
+        """Send the current weights to the generator unless it has them; without waiting
+        for it to load them (it answers in order, after the rounds queued before)."""
+        if self._pushed_version == self._version:
+            return
+        start = time.perf_counter()
+        path = self._write_weights()
+        self._push_keys.append(self._generator.submit_load_weights(str(path), self._version))
+        self._pushed_version = self._version
+        self._push_seconds += time.perf_counter() - start
+
+    def _write_weights(self) -> Path:
+        """The policy's weights as a checkpoint directory in memory (``/dev/shm`` where it
+        exists), two alternating so a push never overwrites what the generator may still
+        be reading."""
+        if not self._push_dirs:
+            base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+            for name in ("a", "b"):
+                d = Path(tempfile.mkdtemp(prefix=f"pt-weights-{name}-", dir=base))
+                self.tokenizer.save_pretrained(str(d))
+                self._push_dirs.append(d)
+            self._push_turn = 0
+        target = self._push_dirs[self._push_turn % 2]
+        self._push_turn += 1
+        if len(self._push_keys) >= 2:  # the push that used this directory must be loaded
+            self._generator.wait(self._push_keys.pop(0))
+        model = self.policy()
+        state = self._gathered if self._gathered is not None else self.state_dict_of_policy()
+        for old in target.glob("*.safetensors"):
+            old.unlink()
+        was = model.config.use_cache
+        model.config.use_cache = True
+        try:
+            model.save_pretrained(str(target), state_dict=state, safe_serialization=True)
+        finally:
+            model.config.use_cache = was
+        return target
