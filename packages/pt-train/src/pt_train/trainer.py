@@ -53,6 +53,8 @@ from pt_train.signals import NonFiniteLoss, StopRequest
 
 log = get_logger(__name__)
 
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
 
 class TrainingAborted(PtError):
     """Training cannot go on (e.g. the loss stayed NaN/inf for too many steps)."""
@@ -601,9 +603,19 @@ def train(
         raise InputError(f"rollout.prompts {cfg.rollout.prompts}: no such file or directory")
     # Signals are caught from the start: one that arrives while the model loads stops
     # the run after its first step, with a checkpoint, like any other.
-    with StopRequest() as stop:
-        trainer = Trainer(cfg, force_resume=force_resume, producer=producer)
-        try:
-            return trainer.train(stop)
-        finally:
-            trainer.producer.close()
+    # A plain process sets up a one-rank job in its environment (pt_train.distributed);
+    # put it back afterwards, so processes it starts later are not taken for ranks.
+    saved = {k: os.environ.get(k) for k in RANK_VARIABLES}
+    try:
+        with StopRequest() as stop:
+            trainer = Trainer(cfg, force_resume=force_resume, producer=producer)
+            try:
+                return trainer.train(stop)
+            finally:
+                trainer.producer.close()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

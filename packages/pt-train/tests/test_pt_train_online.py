@@ -1,0 +1,233 @@
+"""The online loop (rollout.prompts): rounds generated from the policy being trained, a
+teacher's scores, schedules and their staleness, resuming mid-round, and a vLLM generator
+that takes new weights in place."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from pt_core.contracts import REQUEUE_EXIT_CODE
+from pt_train.config import TrainConfig
+from pt_train.metrics import read_metrics
+from pt_train.trainer import train
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[3]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_tokenizer):
+    """A student and a teacher (tiny Llamas of different seeds) and 12 prompts."""
+    from pt_train.model import build_llama
+
+    root = tmp_path_factory.mktemp("online")
+    for name, seed in (("student", 0), ("teacher", 1)):
+        model = build_llama(tiny_tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=seed)
+        model.save_pretrained(root / name)
+        tiny_tokenizer.save_pretrained(root / name)
+    with open(root / "prompts.jsonl", "w") as fh:
+        for i in range(12):
+            fh.write(json.dumps({"id": f"p{i}", "prompt": f"What is {i} + {2 * i}?"}) + "\n")
+    return root
+
+
+def config(world: Path, name: str, steps: int = 4, **rollout) -> dict:
+    return {
+        "run_name": name,
+        "output_dir": str(world / "runs"),
+        "model": {"name_or_path": str(world / "student")},
+        "objective": {
+            "name": "opd",
+            "loss": "forward_kl",
+            "teacher": {"path": str(world / "teacher"), "top_k": 4},
+        },
+        "rollout": {
+            "prompts": str(world / "prompts.jsonl"),
+            "samples_per_prompt": 2,
+            "max_tokens": 8,
+            "temperature": 1.0,
+            **rollout,
+        },
+        "training": {
+            "seed": 0,
+            "learning_rate": 1e-3,
+            "lr_schedule": "constant",
+            "global_batch_size": 4,
+            "micro_batch_size": 2,
+            "max_steps": steps,
+        },
+    }
+
+
+def run(world: Path, name: str, **kwargs) -> list[dict]:
+    train(TrainConfig.model_validate(config(world, name, **kwargs)))
+    return read_metrics(world / "runs" / name)
+
+
+def rounds(world: Path, name: str) -> list[list[dict]]:
+    root = world / "runs" / name / "rounds"
+    return [
+        [json.loads(x) for x in (d / "rollouts.jsonl").read_text().splitlines()]
+        for d in sorted(root.iterdir())
+    ]
+
+
+def weights(world: Path, name: str, step: int) -> dict:
+    return load_file(world / "runs" / name / "inference" / f"step-{step}" / "model.safetensors")
+
+
+def test_sync_rounds_are_sampled_from_the_current_weights(world):
+    """2 updates per round, 4 steps: 2 rounds of 4 prompts x 2 samples, each generated at
+    the start of its round (weight version 0 and 2) and so staleness 0 throughout."""
+    metrics = run(world, "sync", updates_per_round=2)
+    assert [m["round"] for m in metrics] == [0, 0, 1, 1]
+    assert all(m["staleness_mean"] == m["staleness_max"] == 0 for m in metrics)
+    made = rounds(world, "sync")
+    assert [len(r) for r in made] == [8, 8]
+    assert [{row["weight_version"] for row in r} for r in made] == [{0}, {2}]
+    row = made[0][0]
+    # what the loss needs came with the round: the teacher's top-4 of every completion token
+    assert len(row["teacher_topk_ids"]) == len(row["completion_token_ids"])
+    assert all(len(k) == 4 for k in row["teacher_topk_ids"])
+    assert len(row["completion_logprobs"]) == len(row["completion_token_ids"])
+    # two samples of each of 4 prompts, prompts differing between rounds
+    assert sorted({r["id"] for r in made[0]}) != sorted({r["id"] for r in made[1]})
+    assert all(m["kl"] is not None and m["sampled_kl"] is not None for m in metrics)
+
+
+def test_a_generator_process_gives_the_in_process_generators_run(world):
+    """The same sync run with the HF engine in a generator process that is pushed the
+    weights every round: the same samples, losses and final weights as generating in-process
+    (per-sample seeds make sampling independent of where it runs)."""
+    local = run(world, "local", steps=3)
+    server = run(world, "server", steps=3, generator="server")
+    assert [m["loss"] for m in server] == pytest.approx([m["loss"] for m in local], abs=1e-6)
+    assert [m["weight_push_s"] >= 0 for m in server if "weight_push_s" in m]
+    a, b = weights(world, "local", 3), weights(world, "server", 3)
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert [r[0]["completion_token_ids"] for r in rounds(world, "local")] == [
+        r[0]["completion_token_ids"] for r in rounds(world, "server")
+    ]
+
+
+def test_step_off_staleness_is_n_times_updates_per_round_in_steady_state(world):
+    """step_off 1 with 2 updates per round: round r+1 is asked for when round r starts, so
+    from round 1 on every sample is exactly 1 x 2 updates old; round 0 is fresh."""
+    metrics = run(
+        world, "step-off", steps=8, generator="server", schedule="step_off", step_off=1,
+        updates_per_round=2,
+    )  # fmt: skip
+    by_round = {}
+    for m in metrics:
+        by_round.setdefault(m["round"], []).append((m["staleness_min"], m["staleness_max"]))
+    assert by_round[0] == [(0, 0), (0, 0)]
+    for r in (1, 2, 3):
+        assert by_round[r] == [(2, 2), (2, 2)]
+    made = rounds(world, "step-off")
+    assert [r[0]["weight_version"] for r in made] == [0, 0, 2, 4]
+
+
+def test_async_never_trains_on_samples_older_than_the_bound(world):
+    metrics = run(
+        world, "async", steps=6, generator="server", schedule="async", max_staleness=1,
+    )  # fmt: skip
+    assert max(m["staleness_max"] for m in metrics) <= 1
+    assert all(m["staleness_min"] >= 0 for m in metrics)
+
+
+def test_sigterm_mid_round_then_resume_ends_with_the_uninterrupted_weights(world):
+    """Two updates per round; SIGTERM after the first step of round 1 checkpoints mid-round.
+    The resumed run reads round 1 from the run directory and ends bit-identical."""
+    steps = 6
+    path = world / "resume.yaml"
+    path.write_text(yaml.safe_dump(config(world, "resume", steps=steps, updates_per_round=2)))
+    reference = run(world, "resume-reference", steps=steps, updates_per_round=2)
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    metrics = world / "runs" / "resume" / "metrics.jsonl"
+    proc = subprocess.Popen(
+        [os.path.join(bindir, "pt-train"), "run", str(path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    while proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.01)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == REQUEUE_EXIT_CODE, err
+    stopped = int((world / "runs" / "resume" / "checkpoints" / "latest").read_text()[5:])
+    assert 3 <= stopped < steps
+    done = subprocess.run(
+        [os.path.join(bindir, "pt-train"), "run", str(path)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    resumed = read_metrics(world / "runs" / "resume")
+    assert [m["loss"] for m in resumed] == [m["loss"] for m in reference]
+    a, b = weights(world, "resume-reference", steps), weights(world, "resume", steps)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"objective": {"name": "dpo"}}, "trains on fixed data"),
+        ({"training": {"max_steps": 3}, "rollout": {"updates_per_round": 2}}, "whole number"),
+        ({"training": {"global_batch_size": 3}}, "samples_per_prompt"),
+        ({"rollout": {"schedule": "step_off"}}, "generator=server"),
+        ({"rollout": {"engine": "vllm"}}, "generator=server"),
+    ],
+)
+def test_online_configs_that_cannot_work_are_refused(world, cli, changes, message):
+    cfg = config(world, "bad")
+    for section, values in changes.items():
+        cfg[section] = {**cfg[section], **values} if section != "objective" else values
+    if cfg["training"]["global_batch_size"] == 3:
+        cfg["training"]["micro_batch_size"] = 1
+    path = world / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = cli("pt-train", "run", path, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert message in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.vllm
+def test_vllm_generator_after_a_weight_push_generates_what_hf_does(world):
+    """A vLLM generator process started on the student, then pushed the teacher's weights in
+    place: its greedy completions are the HF engine's on the teacher."""
+    if not VLLM_PYTHON.exists():
+        if os.environ.get("PT_REQUIRE_VLLM"):
+            pytest.fail(f"{VLLM_PYTHON} missing; run .ci/setup-vllm.sh")
+        pytest.skip(f"{VLLM_PYTHON} missing; run .ci/setup-vllm.sh")
+    from transformers import AutoTokenizer
+
+    from pt_rollout.engines import Request, SamplingParams
+    from pt_rollout.engines.hf import HFEngine
+    from pt_rollout.serve import RemoteGenerator
+
+    tokenizer = AutoTokenizer.from_pretrained(world / "student")
+    requests = [Request(tokenizer(f"What is {i} + {i}?")["input_ids"], 0) for i in range(4)]
+    params = {"temperature": 0.0, "max_tokens": 12}
+    with RemoteGenerator(str(world / "student"), python=str(VLLM_PYTHON), engine="vllm") as gen:
+        before = gen.wait(gen.submit_generate(requests, params))
+        pushed = gen.wait(gen.submit_load_weights(str(world / "teacher"), version=7))
+        after = gen.wait(gen.submit_generate(requests, params))
+    assert pushed["version"] == after["version"] == 7
+    for name, result in (("student", before), ("teacher", after)):
+        hf = HFEngine(str(world / name)).generate(requests, SamplingParams(**params))
+        assert [c["token_ids"] for c in result["completions"]] == [c.token_ids for c in hf], name
