@@ -142,6 +142,7 @@ class Trainer:
 
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path)
         self.objective: Objective = build_objective(cfg.objective)
+        self.objective.configure(cfg)
         self.reference = None
         if producer is None and cfg.rollout.prompts is not None:
             producer = self._online_producer()
@@ -221,6 +222,20 @@ class Trainer:
         def state_dict():
             return ckpt.gathered_state_dict(self.engine, self.zero_stage)
 
+        def token_logps(batch):
+            """The current weights' log-probs of a batch's trained tokens (no gradient)."""
+            batch = batch.to(self.device)
+            with torch.no_grad():
+                out = self.engine(
+                    **batch.model_inputs(self.device, self.model_dtype),
+                    head=HeadRequest(
+                        targets=batch.targets,
+                        chunk_mb=self.cfg.training.logits_chunk_mb,
+                        temperature=self.objective.head(batch).get("temperature", 1.0),
+                    ),
+                )
+            return out.token_logps.detach().double().cpu()
+
         return OnlineProducer(
             self.cfg,
             self.objective,
@@ -228,6 +243,7 @@ class Trainer:
             self.tokenizer,
             policy=lambda: self.engine.module,
             state_dict=state_dict,
+            token_logps=token_logps,
         )
 
     def _fixed_producer(self) -> Producer:
@@ -613,6 +629,7 @@ def train(
                 return trainer.train(stop)
             finally:
                 trainer.producer.close()
+                trainer.objective.close()
     finally:
         for key, value in saved.items():
             if value is None:

@@ -17,6 +17,7 @@ from pt_train.objectives.asft import ASFT, ASFTConfig
 from pt_train.objectives.base import LossOutput, Objective
 from pt_train.objectives.dft import DFT, DFTConfig
 from pt_train.objectives.dpo import DPO, DPOConfig
+from pt_train.objectives.grpo import GRPO, GRPOConfig
 from pt_train.objectives.opd import OPD, OPDConfig
 from pt_train.objectives.sft import SFT, SFTConfig
 
@@ -26,6 +27,7 @@ REGISTRY: dict[str, tuple[type, type[Objective]]] = {
     "asft": (ASFTConfig, ASFT),
     "dpo": (DPOConfig, DPO),
     "opd": (OPDConfig, OPD),
+    "grpo": (GRPOConfig, GRPO),
 }
 
 ObjectiveConfig = Annotated[

@@ -60,6 +60,16 @@ class Objective:
     def __init__(self, cfg: Any):
         self.cfg = cfg
 
+    # Objectives on rollouts that update several times per round need the log-probs of the
+    # weights each round starts from ("old_logps", computed by the producer).
+    needs_old_logps: bool = False
+
+    def configure(self, train_cfg) -> None:  # noqa: B027 (optional hook)
+        """Read what the objective needs from the rest of the run's config."""
+
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Release what the objective started (worker pools)."""
+
     def head(self, batch) -> dict:
         """Keyword arguments of :class:`HeadRequest` beyond the targets."""
         return {}
@@ -81,6 +91,10 @@ class Objective:
         """For objectives on rollouts, in the online loop: add what the objective needs to a
         round's rows once they are generated (rewards, advantages), in place; return the
         round's metrics."""
+        return {}
+
+    def round_metrics(self, rows: list[dict]) -> dict:
+        """Figures of a round's rows as they are trained on."""
         return {}
 
     def count(self, batch) -> float:

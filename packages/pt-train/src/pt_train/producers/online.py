@@ -44,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from pt_core.errors import ConfigError
 from pt_core.files import atomic_write_json, iter_rows, write_rows
@@ -72,6 +73,7 @@ class OnlineProducer(Producer):
         *,
         policy: Callable[[], object],
         state_dict: Callable[[], dict | None],
+        token_logps: Callable[[Batch], object] | None = None,
     ):
         from pt_rollout.prompts import prompts_path, read_prompts
 
@@ -82,6 +84,7 @@ class OnlineProducer(Producer):
         self.tokenizer = tokenizer
         self.policy = policy
         self.state_dict_of_policy = state_dict
+        self.token_logps = token_logps
         self.run_dir = Path(cfg.run_dir)
         training = cfg.training
         if training.max_steps is None:
@@ -118,6 +121,9 @@ class OnlineProducer(Producer):
         self.sampler = StepSampler(
             len(self.prompts), self.prompts_per_round, seed=r.seed, shuffle=True
         )
+        # Prompts that top a round up after dynamic sampling dropped some: their own stream.
+        self.extra_sampler = StepSampler(len(self.prompts), 1, seed=r.seed + 7919, shuffle=True)
+        self._extra_position = 0
         self.num_rows = rows_per_round * (training.max_steps // self.updates)
         self.num_tokens = 0
         self.micro_batch_size = training.micro_batch_size
@@ -142,20 +148,23 @@ class OnlineProducer(Producer):
         self._version = step
         round_index, j = divmod(step, self.updates)
         rows = self._round(round_index)
-        step_rows = rows[j * self.rows_per_step : (j + 1) * self.rows_per_step]
+        if self.objective.needs_old_logps:
+            self._old_logps(round_index, rows)
+        self._step_rows = rows[j * self.rows_per_step : (j + 1) * self.rows_per_step]
+        return self._batches(self._mine(self._step_rows), f"round {round_index}")
+
+    def _mine(self, step_rows: list[dict]) -> list[dict]:
         per_rank = len(step_rows) // self.env.world_size
-        mine = step_rows[self.env.rank * per_rank : (self.env.rank + 1) * per_rank]
-        columns = [c for c in (*TOKEN_COLUMNS, *SEQUENCE_COLUMNS) if c in mine[0]]
-        samples = [
-            sample_from_row(row, f"round {round_index} row {i}", columns)
-            for i, row in enumerate(mine)
-        ]
+        return step_rows[self.env.rank * per_rank : (self.env.rank + 1) * per_rank]
+
+    def _batches(self, rows: list[dict], where: str) -> list[Batch]:
+        columns = [c for c in (*TOKEN_COLUMNS, *SEQUENCE_COLUMNS) if c in rows[0]]
+        samples = [sample_from_row(row, f"{where} row {i}", columns) for i, row in enumerate(rows)]
         pack = (
             self.cfg.data.max_seq_length
             if self.cfg.model.attn_implementation == "flash_attention_2"
             else None
         )
-        self._step_rows = step_rows
         return [
             rollout_batch(
                 samples[i : i + self.micro_batch_size],
@@ -165,6 +174,27 @@ class OnlineProducer(Producer):
             )
             for i in range(0, len(samples), self.micro_batch_size)
         ]
+
+    def _old_logps(self, index: int, rows: list[dict]) -> None:
+        """The log-probs of this rank's rows under the weights the round starts from, for
+        the updates after the first: computed before the round's first update and kept in
+        the round's directory (a run resumed mid-round reads them)."""
+        mine = [row for j in range(self.updates)
+                for row in self._mine(rows[j * self.rows_per_step : (j + 1) * self.rows_per_step])]  # fmt: skip
+        if all("old_logprobs" in row for row in mine):
+            return
+        path = self.round_dir(index) / f"old-logps-rank{self.env.rank}.json"
+        if path.exists():
+            values = json.loads(path.read_text())
+        else:
+            values = []
+            for batch in self._batches(mine, f"round {index}"):
+                logps = self.token_logps(batch)
+                sizes = torch.bincount(batch.token_sequence, minlength=batch.num_sequences)
+                values += [part.tolist() for part in torch.split(logps, sizes.tolist())]
+            atomic_write_json(path, values)
+        for row, value in zip(mine, values, strict=True):
+            row["old_logprobs"] = value
 
     def after_step(self, step: int) -> dict:
         rows = self._step_rows
@@ -216,6 +246,7 @@ class OnlineProducer(Producer):
         barrier()
         rows = list(iter_rows(self.round_dir(index) / "rollouts.jsonl"))
         meta = json.loads((self.round_dir(index) / "meta.json").read_text())
+        self._extra_position = max(self._extra_position, meta.get("extra_position", 0))
         start_version = index * self.updates
         for row in rows:
             row["staleness"] = start_version - row["weight_version"]
@@ -224,25 +255,12 @@ class OnlineProducer(Producer):
         return rows
 
     def _requests(self, index: int):
-        """The (prompt, sample) requests of round ``index``, with their seeds."""
-        from pt_rollout.engines import Request
-        from pt_rollout.generate import sample_seed
-        from pt_rollout.prompts import prompt_token_ids
-
-        out = []
-        for position in self.sampler.global_batch(index):
-            prompt = self.prompts[position]
-            if position not in self._token_ids:
-                self._token_ids[position] = prompt_token_ids(
-                    self.tokenizer,
-                    prompt.prompt,
-                    template=self.rollout.template,
-                    system=self.rollout.system,
-                )
-            for sample in range(self.rollout.samples_per_prompt):
-                seed = sample_seed(self.rollout.seed, [index, prompt.id], sample)
-                out.append((prompt, sample, Request(self._token_ids[position], seed)))
-        return out
+        """The (prompt, sample, request, group) of every sample of round ``index``."""
+        return [
+            triple
+            for position in self.sampler.global_batch(index)
+            for triple in self._prompt_requests(position, [index])
+        ]
 
     def _sampling(self) -> dict:
         from pt_rollout.prompts import stop_token_ids
@@ -292,12 +310,17 @@ class OnlineProducer(Producer):
         wait_s = time.perf_counter() - started
         requests = self._requests(index)
         rows = []
-        for (prompt, sample, request), completion, score in zip(
+        for (prompt, sample, request, group), completion, score in zip(
             requests, result["completions"], result.get("scores") or [None] * len(requests),
             strict=True,
         ):  # fmt: skip
-            rows.append(self._row(index, prompt, sample, request, completion, score, result))
+            rows.append(self._row(index, prompt, sample, request, group, completion, score, result))
         metrics = self.objective.process_round(rows, index)
+        dynamic = getattr(self.cfg.objective, "dynamic_sampling", None)
+        if dynamic is not None and dynamic.enabled:
+            rows, dynamic_metrics = self._dynamic_sampling(index, rows, dynamic.max_tries)
+            metrics.update(dynamic_metrics)
+        metrics.update(self.objective.round_metrics(rows))
         metrics.update(
             {
                 "generate_s": round(result.get("generate_s", 0.0), 3),
@@ -315,10 +338,84 @@ class OnlineProducer(Producer):
         write_rows(directory / "rollouts.jsonl", rows)
         atomic_write_json(
             directory / "meta.json",
-            {"round": index, "weight_version": result["version"], "metrics": metrics},
+            {
+                "round": index,
+                "weight_version": result["version"],
+                "extra_position": self._extra_position,
+                "metrics": metrics,
+            },
         )
 
-    def _row(self, index, prompt, sample, request, completion, score, result) -> dict:
+    def _dynamic_sampling(self, index: int, rows: list[dict], max_tries: int):
+        """DAPO's dynamic sampling: drop the groups whose rewards are all equal (they carry
+        no gradient) and top the round up with groups of further prompts, at most
+        ``max_tries`` times; what is still missing is filled with dropped groups."""
+        n = self.rollout.samples_per_prompt
+        groups = [rows[i : i + n] for i in range(0, len(rows), n)]
+        kept = [g for g in groups if not g[0]["group_all_equal"]]
+        dropped = [g for g in groups if g[0]["group_all_equal"]]
+        tries = 0
+        while len(kept) < self.prompts_per_round and tries < max_tries:
+            tries += 1
+            need = self.prompts_per_round - len(kept)
+            requests = []
+            for _ in range(need):
+                position = self.extra_sampler.global_batch(self._extra_position)[0]
+                self._extra_position += 1
+                requests += self._prompt_requests(position, ["extra", self._extra_position])
+            result = self._run_now([request for _, _, request, _ in requests])
+            extra = [
+                self._row(index, prompt, sample, request, group, completion, score, result)
+                for (prompt, sample, request, group), completion, score in zip(
+                    requests, result["completions"], result.get("scores") or [None] * len(requests),
+                    strict=True,
+                )
+            ]  # fmt: skip
+            self.objective.process_round(extra, index)
+            for i in range(0, len(extra), n):
+                group = extra[i : i + n]
+                (dropped if group[0]["group_all_equal"] else kept).append(group)
+        short = max(0, self.prompts_per_round - len(kept))
+        final = kept[: self.prompts_per_round] + dropped[:short]
+        return [row for group in final for row in group], {
+            "dynamic_sampling_tries": tries,
+            "dynamic_sampling_dropped": len(dropped) - short,
+            "dynamic_sampling_short": short,
+        }
+
+    def _prompt_requests(self, position: int, seed_key: list):
+        """(prompt, sample, request, group) for every sample of the prompt at ``position``."""
+        from pt_rollout.engines import Request
+        from pt_rollout.generate import sample_seed
+        from pt_rollout.prompts import prompt_token_ids
+
+        prompt = self.prompts[position]
+        if position not in self._token_ids:
+            self._token_ids[position] = prompt_token_ids(
+                self.tokenizer, prompt.prompt, template=self.rollout.template,
+                system=self.rollout.system,
+            )  # fmt: skip
+        group = json.dumps([*seed_key, prompt.id], default=str)  # the samples of one prompt
+        return [
+            (prompt, sample, Request(self._token_ids[position],
+                                     sample_seed(self.rollout.seed, [*seed_key, prompt.id], sample)),
+             group)
+            for sample in range(self.rollout.samples_per_prompt)
+        ]  # fmt: skip
+
+    def _run_now(self, requests) -> dict:
+        """Generate (and score) ``requests`` at once with the current generator."""
+        if self.rollout.generator == "local":
+            return self._generate_local_requests(requests)
+        self._push_current()
+        key = self._generator.submit_generate(requests, self._sampling(), self._score_request())
+        result = self._generator.wait(key)
+        result["completions"] = [dict(c) for c in result["completions"]]
+        if result.get("scores") is not None:
+            result["scores"] = [dict(c) for c in result["scores"]]
+        return result
+
+    def _row(self, index, prompt, sample, request, group, completion, score, result) -> dict:
         from pt_rollout.generate import completion_text
 
         c = completion if isinstance(completion, dict) else completion.__dict__
@@ -326,6 +423,7 @@ class OnlineProducer(Producer):
             "id": prompt.id,
             "sample": sample,
             "round": index,
+            "group": group,
             "prompt": prompt.prompt,
             "completion": completion_text(self.tokenizer, c["token_ids"], list(self.rollout.stop)),
             "prompt_token_ids": list(request.prompt_token_ids),
@@ -350,8 +448,11 @@ class OnlineProducer(Producer):
         return row
 
     def _generate_local(self, index: int) -> dict:
-        import torch
+        return self._generate_local_requests(
+            [request for _, _, request, _ in self._requests(index)]
+        )
 
+    def _generate_local_requests(self, requests) -> dict:
         from pt_rollout.engines import SamplingParams
         from pt_rollout.engines.hf import HFEngine
 
@@ -361,7 +462,6 @@ class OnlineProducer(Producer):
             self._generator = HFEngine(
                 model, tokenizer=self.tokenizer, device=str(device), seed=self.rollout.seed
             )
-        requests = [request for _, _, request in self._requests(index)]
         was_training = model.training
         model.eval()
         start = time.perf_counter()
@@ -377,9 +477,8 @@ class OnlineProducer(Producer):
         score = self._score_request()
         if score is not None:
             start = time.perf_counter()
-            teacher = self._local_teacher()
             with torch.inference_mode():
-                out["scores"] = teacher.score(
+                out["scores"] = self._local_teacher().score(
                     [r.prompt_token_ids for r in requests],
                     [c.token_ids for c in completions],
                     top_k=score["top_k"],
@@ -460,7 +559,7 @@ class OnlineProducer(Producer):
             self._request(w)
 
     def _request(self, index: int) -> None:
-        requests = [request for _, _, request in self._requests(index)]
+        requests = [request for _, _, request, _ in self._requests(index)]
         self._pending[index] = self._generator.submit_generate(
             requests, self._sampling(), self._score_request()
         )

@@ -35,6 +35,7 @@ TOKEN_COLUMNS = {
     "teacher_topk_logprobs": ("teacher_topk_logps", np.float64),
     "student_topk_ids": ("student_topk_ids", np.int64),
     "teacher_student_topk_logprobs": ("teacher_student_topk_logps", np.float64),
+    "old_logprobs": ("old_logps", np.float64),
 }
 # row column -> batch.data key, one value per sequence
 SEQUENCE_COLUMNS = {

@@ -1,0 +1,237 @@
+"""GRPO/DAPO's advantages and policy loss, against values and gradients worked out here,
+and a GRPO run on the online loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from pt_core.contracts import REQUEUE_EXIT_CODE
+from pt_train.objectives.grpo import (
+    aggregate,
+    group_advantages,
+    kl_penalty,
+    overlong_penalty,
+    policy_loss,
+)
+
+
+def _two_sequences():
+    """Two completions of 3 and 2 tokens, sequence ids per token."""
+    token_sequence = torch.tensor([0, 0, 0, 1, 1])
+    return token_sequence, 2
+
+
+def test_advantages_are_group_normalised_and_zero_for_equal_rewards():
+    rewards = np.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    groups = np.array(["a", "a", "a", "a", "b", "b"])
+    adv, equal = group_advantages(rewards, groups, "group")
+    r = rewards[:4]
+    expected = (r - r.mean()) / (r.std(ddof=1) + 1e-4)  # mean 0.5, unbiased std 0.577
+    np.testing.assert_allclose(adv[:4], expected)
+    assert adv[4:].tolist() == [0.0, 0.0] and equal.tolist() == [False] * 4 + [True, True]
+    none, _ = group_advantages(rewards, groups, "none")
+    np.testing.assert_allclose(none[:4], r - 0.5)
+    batch, _ = group_advantages(rewards, groups, "batch")
+    np.testing.assert_allclose(batch[:4], (r - 0.5) / (rewards.std(ddof=1) + 1e-4))
+
+
+def test_overlong_shaping_ramps_over_the_last_buffer_tokens():
+    # L_max 100, buffer 20: no penalty up to 80 tokens, half at 90, all at 100
+    np.testing.assert_allclose(
+        overlong_penalty(np.array([50, 80, 90, 100]), 100, 20, 1.0), [0, 0, -0.5, -1.0]
+    )
+
+
+def test_on_policy_grpo_loss_is_zero_and_its_gradient_is_reinforce():
+    """r = 1 at the current weights: the loss value is -(1/B) sum_i A_i = 0 (advantages of a
+    group sum to 0), and the gradient is -(1/B) sum_i A_i / |o_i| sum_t grad log pi."""
+    token_sequence, sequences = _two_sequences()
+    logits = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([1, 4, 2, 6, 0])
+    logps = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
+    advantages = torch.tensor([0.7, -0.7], dtype=torch.float64)
+    per_token, _ = policy_loss(
+        logps, logps.detach(), advantages, token_sequence, sequences,
+        epsilon_low=0.2, epsilon_high=0.2,
+    )  # fmt: skip
+    total, count = aggregate(per_token, token_sequence, sequences, "grpo", max_tokens=10)
+    assert count == 2.0 and (total / count).item() == pytest.approx(0.0, abs=1e-12)
+    (grad,) = torch.autograd.grad(total / count, logits, retain_graph=True)
+    reinforce = -(0.7 / 3 * logps[:3].sum() - 0.7 / 2 * logps[3:].sum()) / 2
+    (want,) = torch.autograd.grad(reinforce, logits)
+    torch.testing.assert_close(grad, want)
+
+
+def test_dapo_divides_by_tokens_and_dr_grpo_by_sequences_times_max_tokens():
+    token_sequence, sequences = _two_sequences()
+    per_token = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert aggregate(per_token, token_sequence, sequences, "dapo", 10) == (15.0, 5.0)
+    assert aggregate(per_token, token_sequence, sequences, "dr_grpo", 10)[1] == 20.0
+    total, count = aggregate(per_token, token_sequence, sequences, "grpo", 10)
+    assert (total.item(), count) == (pytest.approx(2.0 + 4.5), 2.0)  # token means 2 and 4.5
+
+
+@pytest.mark.parametrize(
+    ("log_ratio", "advantage", "gradient"),
+    [
+        (np.log(1.5), 1.0, False),  # r > 1 + eps_high with A > 0: clipped, no gradient
+        (np.log(0.5), -1.0, False),  # r < 1 - eps_low with A < 0: clipped, no gradient
+        (np.log(1.1), 1.0, True),  # inside the trust region
+        (np.log(0.5), 1.0, True),  # r < 1 - eps with A > 0: min takes the unclipped term
+    ],
+)
+def test_clipping_zeroes_the_gradient_outside_the_trust_region(log_ratio, advantage, gradient):
+    logp = torch.tensor([-1.0], dtype=torch.float64, requires_grad=True)
+    old = logp.detach() - log_ratio
+    loss, metrics = policy_loss(
+        logp, old, torch.tensor([advantage], dtype=torch.float64), torch.tensor([0]), 1,
+        epsilon_low=0.2, epsilon_high=0.28,
+    )  # fmt: skip
+    (g,) = torch.autograd.grad(loss.sum(), logp)
+    assert (g.item() != 0.0) == gradient
+
+
+def test_equal_rewards_give_zero_gradient():
+    logits = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    logps = torch.log_softmax(logits, -1)[:, 0]
+    adv, _ = group_advantages(np.array([1.0, 1.0]), np.array(["g", "g"]))
+    loss, _ = policy_loss(
+        logps, logps.detach(), torch.tensor(adv), torch.tensor([0, 0, 1]), 2,
+        epsilon_low=0.2, epsilon_high=0.2,
+    )  # fmt: skip
+    (g,) = torch.autograd.grad(loss.sum(), logits)
+    assert torch.count_nonzero(g) == 0
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages():
+    # r = 5 with A = -1: the surrogate loss 5 is capped at dual_clip * |A| = 3
+    logp = torch.tensor([0.0], dtype=torch.float64)
+    loss, _ = policy_loss(
+        logp, logp - np.log(5.0), torch.tensor([-1.0], dtype=torch.float64), torch.tensor([0]), 1,
+        epsilon_low=0.2, epsilon_high=0.2, dual_clip=3.0,
+    )  # fmt: skip
+    assert loss.item() == pytest.approx(3.0)
+
+
+def test_k3_and_k1_estimators():
+    logp, ref = torch.tensor([np.log(0.5)]), torch.tensor([np.log(0.25)])
+    assert kl_penalty(logp, ref, "k1").item() == pytest.approx(np.log(2))
+    # k3 = r - log r - 1 with r = ref / pi = 0.5
+    assert kl_penalty(logp, ref, "k3").item() == pytest.approx(0.5 - np.log(0.5) - 1)
+
+
+def test_sequence_level_ratio_is_the_geometric_mean_of_token_ratios():
+    logp = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64)
+    old = logp - torch.tensor([0.1, 0.3, -0.1], dtype=torch.float64)
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    loss, _ = policy_loss(
+        logp, old, adv, torch.tensor([0, 0, 0]), 1, epsilon_low=0.5, epsilon_high=0.5,
+        ratio_level="sequence",
+    )  # fmt: skip
+    ratio = np.exp((0.1 + 0.3 - 0.1) / 3)
+    np.testing.assert_allclose(loss.numpy(), [-ratio] * 3)
+
+
+# --------------------------------------------------------------------------- on the loop
+
+
+@pytest.fixture(scope="module")
+def grpo_world(tmp_path_factory, tiny_tokenizer):
+    from pt_train.model import build_llama
+
+    root = tmp_path_factory.mktemp("grpo")
+    model = build_llama(tiny_tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=0)
+    model.save_pretrained(root / "policy")
+    tiny_tokenizer.save_pretrained(root / "policy")
+    with open(root / "prompts.jsonl", "w") as fh:
+        for i in range(10):
+            fh.write(json.dumps({"id": i, "prompt": f"{i} + {i} =", "answer": str(2 * i)}) + "\n")
+    (root / "lengthreward.py").write_text(
+        "def reward(rows):\n"
+        "    # a reward the untrained model can earn: short completions\n"
+        "    return [1.0 if len(r['completion_token_ids']) < 8 else 0.0 for r in rows]\n"
+    )
+    return root
+
+
+def grpo_config(root, name, steps=4):
+    return {
+        "run_name": name,
+        "output_dir": str(root / "runs"),
+        "model": {"name_or_path": str(root / "policy")},
+        "objective": {"name": "grpo", "reward": {"function": "lengthreward:reward"}},
+        "rollout": {
+            "prompts": str(root / "prompts.jsonl"),
+            "samples_per_prompt": 4,
+            "max_tokens": 10,
+            "updates_per_round": 2,
+            # the trainer must take log-probs at the sampling temperature too (rollout_kl ~ 0)
+            "temperature": 0.7,
+        },
+        "training": {
+            "seed": 0,
+            "learning_rate": 2e-3,
+            "global_batch_size": 4,
+            "micro_batch_size": 2,
+            "max_steps": steps,
+        },
+    }
+
+
+@pytest.mark.slow
+def test_grpo_killed_mid_round_and_resumed_ends_with_the_uninterrupted_weights(grpo_world):
+    """Two updates per round (the second uses the round's stored old log-probs); SIGTERM
+    after step 3 (mid round 1) and a rerun end bit-identical to an uninterrupted run."""
+    from safetensors.torch import load_file
+
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(grpo_world)}
+    paths = {}
+    for name in ("reference", "resumed"):
+        paths[name] = grpo_world / f"{name}.yaml"
+        paths[name].write_text(yaml.safe_dump(grpo_config(grpo_world, name, steps=6)))
+    cmd = [os.path.join(bindir, "pt-train"), "run"]
+    done = subprocess.run([*cmd, paths["reference"]], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    metrics = grpo_world / "runs" / "resumed" / "metrics.jsonl"
+    proc = subprocess.Popen(
+        [*cmd, paths["resumed"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+    )  # fmt: skip
+    while proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.01)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == REQUEUE_EXIT_CODE, err
+    done = subprocess.run([*cmd, paths["resumed"]], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    runs = grpo_world / "runs"
+    losses = [
+        [json.loads(x)["loss"] for x in (runs / n / "metrics.jsonl").read_text().splitlines()]
+        for n in ("reference", "resumed")
+    ]
+    assert losses[0] == losses[1]
+    a, b = (
+        load_file(runs / n / "inference/step-6/model.safetensors") for n in ("reference", "resumed")
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rounds = sorted((runs / "resumed" / "rounds").iterdir())
+    assert (rounds[1] / "old-logps-rank0.json").exists()
+    records = [
+        json.loads(x) for x in (runs / "reference" / "metrics.jsonl").read_text().splitlines()
+    ]
+    # the generator's log-probs (sampled at temperature 0.7) are the trainer's
+    assert all(abs(r["rollout_kl"]) < 1e-6 for r in records)
+    assert {"reward", "accuracy", "groups_all_equal", "entropy", "clip_low"} <= set(records[0])
