@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 import tempfile
+import textwrap
 
 import pytest
 
@@ -142,3 +145,41 @@ def test_outputs_get_the_modes_of_the_process_umask(tmp_path, umask):
 def test_process_umask_reads_without_changing_it(umask):
     assert process_umask() == umask
     assert process_umask() == umask
+
+
+def test_the_malformed_line_hint_offers_skip_bad_only_to_commands_that_have_it(tmp_path):
+    """'pass --skip-bad' is advice only a command with that flag can follow: a tool
+    without it (or a caller from Python) is told to fix the line."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": 1}\n{"a": \n')
+    with pytest.raises(InputError) as err:
+        read_rows(bad)
+    assert err.value.hint == "fix or remove that line"
+    code = textwrap.dedent(
+        """
+        import sys
+        import typer
+        from pt_core.cli import make_app, make_main
+        from pt_core.files import read_rows
+        app = make_app("toy", "toy", "0")
+        @app.command()
+        def lenient(path: str, skip_bad: bool = typer.Option(False, "--skip-bad")):
+            read_rows(path, skip_bad=skip_bad)
+        @app.command()
+        def strict(path: str):
+            read_rows(path)
+        make_main(app)()
+        """
+    )
+    lenient = subprocess.run(
+        [sys.executable, "-c", code, "lenient", str(bad)], capture_output=True, text=True
+    )
+    strict = subprocess.run(
+        [sys.executable, "-c", code, "strict", str(bad)], capture_output=True, text=True
+    )
+    assert lenient.returncode == strict.returncode == 2
+    assert "bad.jsonl:2: malformed JSON line" in lenient.stderr
+    assert "pass --skip-bad" in lenient.stderr
+    assert "bad.jsonl:2: malformed JSON line" in strict.stderr
+    assert "skip-bad" not in strict.stderr
+    assert "fix or remove that line" in strict.stderr

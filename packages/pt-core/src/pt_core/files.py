@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -176,10 +177,17 @@ def _iter_jsonl(f: Path, skip_bad: bool, bad_counter: list[int] | None) -> Itera
                         bad_counter[0] += 1
                     continue
                 raise InputError(
-                    f"{f}:{lineno}: malformed JSON line ({exc})",
-                    hint="fix or remove that line, or pass --skip-bad to skip and count bad lines",
+                    f"{f}:{lineno}: malformed JSON line ({exc})", hint=_malformed_line_hint()
                 ) from None
             yield row
+
+
+def _malformed_line_hint() -> str:
+    """Offer --skip-bad only where the running command has that flag."""
+    cli = sys.modules.get("pt_core.cli")  # not loaded: called from Python, not a command
+    if cli is not None and cli.command_has_option("--skip-bad"):
+        return "fix or remove that line, or pass --skip-bad to skip and count bad lines"
+    return "fix or remove that line"
 
 
 def _iter_json_array(f: Path) -> Iterator[dict]:
