@@ -59,7 +59,12 @@ def read_yaml(path: str | os.PathLike) -> tuple[dict, dict[tuple, int]]:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{p}: config file not found")
-    text = p.read_text(encoding="utf-8")
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a directory; expected a YAML file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not a text file ({exc.reason} at byte {exc.start})") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
