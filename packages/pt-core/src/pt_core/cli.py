@@ -32,20 +32,39 @@ def command_has_option(name: str) -> bool:
     return name in _running["options"]
 
 
-def make_app(name: str, help: str, version: str) -> typer.Typer:
-    app = typer.Typer(
+def new_typer(name: str, help: str, **settings) -> typer.Typer:
+    """A Typer app with pt's conventions: -h/--help, help when given no arguments, and
+    errors left to :func:`make_main` (no pretty tracebacks)."""
+    return typer.Typer(
         name=name,
         help=help,
         no_args_is_help=True,
-        add_completion=False,
         pretty_exceptions_enable=False,
         context_settings={"help_option_names": ["-h", "--help"]},
+        **settings,
     )
 
-    def _version(value: bool) -> None:
+
+def version_option(name: str, version: str):
+    """``--version``: print ``NAME VERSION`` and exit."""
+
+    def show(value: bool) -> None:
         if value:
             typer.echo(f"{name} {version}")
             raise typer.Exit()
+
+    return typer.Option(
+        False,
+        "--version",
+        callback=show,
+        is_eager=True,
+        metavar="",
+        help="Print the version and exit.",
+    )
+
+
+def make_app(name: str, help: str, version: str) -> typer.Typer:
+    app = new_typer(name, help, add_completion=False)
 
     @app.callback()
     def _root(
@@ -54,14 +73,7 @@ def make_app(name: str, help: str, version: str) -> typer.Typer:
             "--quiet", "-q", help="Only warnings and errors on stderr; no progress bars."
         ),
         verbose: bool = flag("--verbose", "-v", help="Debug logging on stderr."),
-        version_: bool = typer.Option(
-            False,
-            "--version",
-            callback=_version,
-            is_eager=True,
-            metavar="",
-            help="Print the version and exit.",
-        ),
+        version_: bool = version_option(name, version),
     ) -> None:
         setup_logging(quiet=quiet, verbose=verbose)
         _running["options"] = _options_of(ctx)

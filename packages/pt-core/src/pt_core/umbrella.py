@@ -21,7 +21,7 @@ import typer
 from typer.core import TyperGroup
 
 from pt_core import __version__
-from pt_core.cli import make_main
+from pt_core.cli import make_main, new_typer, version_option
 from pt_core.errors import PtError
 
 # subcommand -> (console script, what it does); the summaries keep `pt --help` from
@@ -87,34 +87,15 @@ class _Tools(TyperGroup):
         return super().get_command(ctx, name)
 
 
-app = typer.Typer(
-    name="pt",
+app = new_typer(
+    "pt",
+    "pt: small, composable post-training tools under one command (pt TOOL ... runs pt-TOOL ...).",
     cls=_Tools,
-    help="pt: small, composable post-training tools under one command "
-    "(pt TOOL ... runs pt-TOOL ...).",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"pt {__version__}")
-        raise typer.Exit()
-
-
 @app.callback()
-def _root(
-    version_: bool = typer.Option(
-        False,
-        "--version",
-        callback=_version,
-        is_eager=True,
-        metavar="",
-        help="Print the version and exit.",
-    ),
-) -> None:
+def _root(version_: bool = version_option("pt", __version__)) -> None:
     pass
 
 
