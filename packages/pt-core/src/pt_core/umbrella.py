@@ -21,7 +21,7 @@ import typer
 from typer.core import TyperGroup
 
 from pt_core import __version__
-from pt_core.cli import make_main, new_typer, version_option
+from pt_core.cli import flag, make_main, new_typer, version_option
 from pt_core.errors import PtError
 
 # subcommand -> (console script, what it does); the summaries keep `pt --help` from
@@ -118,9 +118,7 @@ for _tool, (_script, _summary) in TOOLS.items():
 
 @app.command("env")
 def env_cmd(
-    as_json: bool = typer.Option(
-        False, "--json", metavar="", help="One JSON object on stdout instead of the report."
-    ),
+    as_json: bool = flag("--json", help="One JSON object on stdout instead of the report."),
 ) -> None:
     """Versions (python, torch, transformers, deepspeed, vllm, pt), devices and SLURM."""
     import json
