@@ -51,6 +51,13 @@ def test_light_tools_install_without_torch(tmp_path, package):
         assert f"\n{heavy} " not in listed, f"{package} pulled {heavy}"
     tool = venv / "bin" / package
     assert subprocess.run([str(tool), "--help"], capture_output=True).returncode == 0
+    # pt (pt-core's) runs the tool that is there and names the one that is not
+    pt = str(venv / "bin" / "pt")
+    short = package.removeprefix("pt-")
+    assert subprocess.run([pt, short, "--version"], capture_output=True).returncode == 0
+    missing = subprocess.run([pt, "train", "run", "x.yaml"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.startswith("error: pt train: pt-train is not installed"), missing.stderr
 
 
 @pytest.mark.parametrize("tool", TOOLS)

@@ -146,6 +146,15 @@ def test_invalid_yaml_names_the_line(tmp_path):
         load_config(p, [], Run)
 
 
+def test_a_directory_or_a_binary_file_given_as_the_config_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory; expected a YAML file"):
+        load_config(tmp_path, [], Run)
+    binary = tmp_path / "model.safetensors"
+    binary.write_bytes(b"\x89\xff\x00weights")
+    with pytest.raises(ConfigError, match=r"model.safetensors: not a text file"):
+        load_config(binary, [], Run)
+
+
 def test_frozen_config_holds_the_overrides_and_reloads_identically(cfg_path, tmp_path):
     cfg = load_config(cfg_path, ["training.learning_rate=2e-5"], Run)
     frozen = freeze_config(cfg, tmp_path / "runs" / "demo")

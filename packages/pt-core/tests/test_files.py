@@ -4,6 +4,12 @@ is either complete or absent."""
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
 
 import pytest
 
@@ -11,8 +17,10 @@ from pt_core.errors import InputError
 from pt_core.files import (
     JsonlAppender,
     atomic_path,
+    atomic_write_text,
     count_rows,
     iter_rows,
+    process_umask,
     read_rows,
     require_columns,
     write_rows,
@@ -98,3 +106,80 @@ def test_split_path_picks_a_split_of_a_dataset_directory(tmp_path):
         split_path(tmp_path / "ds", "validation")
     plain = write_rows(tmp_path / "rows.jsonl", ROWS)
     assert split_path(plain, "test") == plain
+
+
+@pytest.fixture(params=[0o022, 0o077], ids=["umask022", "umask077"])
+def umask(request):
+    previous = os.umask(request.param)
+    yield request.param
+    os.umask(previous)
+
+
+def test_outputs_get_the_modes_of_the_process_umask(tmp_path, umask):
+    """An output is as readable as a file the user made with `touch`/`mkdir`: 0644/0755
+    under umask 022, 0600/0700 under 077, even where the writer used a private temporary
+    file of its own (mkstemp makes 0600, as safetensors' save_file does), and an
+    executable keeps its execute bits within the umask."""
+    file_mode, dir_mode = 0o666 & ~umask, 0o777 & ~umask
+    single = atomic_write_text(tmp_path / "manifest.json", "{}")
+    with atomic_path(tmp_path / "checkpoint") as tmp:
+        tmp.mkdir()
+        (tmp / "sub").mkdir()
+        fd, private = tempfile.mkstemp(dir=tmp / "sub")
+        os.write(fd, b"weights")
+        os.close(fd)
+        os.replace(private, tmp / "sub" / "model.safetensors")
+        (tmp / "run.sh").write_text("#!/bin/sh\n")
+        (tmp / "run.sh").chmod(0o700)
+    out = tmp_path / "checkpoint"
+
+    def mode(p):
+        return stat.S_IMODE(p.stat().st_mode)
+
+    assert mode(single) == file_mode
+    assert mode(out) == dir_mode and mode(out / "sub") == dir_mode
+    assert mode(out / "sub" / "model.safetensors") == file_mode
+    assert mode(out / "run.sh") == dir_mode  # rwx for whom the umask lets have it
+
+
+def test_process_umask_reads_without_changing_it(umask):
+    assert process_umask() == umask
+    assert process_umask() == umask
+
+
+def test_the_malformed_line_hint_offers_skip_bad_only_to_commands_that_have_it(tmp_path):
+    """'pass --skip-bad' is advice only a command with that flag can follow: a tool
+    without it (or a caller from Python) is told to fix the line."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": 1}\n{"a": \n')
+    with pytest.raises(InputError) as err:
+        read_rows(bad)
+    assert err.value.hint == "fix or remove that line"
+    code = textwrap.dedent(
+        """
+        import sys
+        import typer
+        from pt_core.cli import make_app, make_main
+        from pt_core.files import read_rows
+        app = make_app("toy", "toy", "0")
+        @app.command()
+        def lenient(path: str, skip_bad: bool = typer.Option(False, "--skip-bad")):
+            read_rows(path, skip_bad=skip_bad)
+        @app.command()
+        def strict(path: str):
+            read_rows(path)
+        make_main(app)()
+        """
+    )
+    lenient = subprocess.run(
+        [sys.executable, "-c", code, "lenient", str(bad)], capture_output=True, text=True
+    )
+    strict = subprocess.run(
+        [sys.executable, "-c", code, "strict", str(bad)], capture_output=True, text=True
+    )
+    assert lenient.returncode == strict.returncode == 2
+    assert "bad.jsonl:2: malformed JSON line" in lenient.stderr
+    assert "pass --skip-bad" in lenient.stderr
+    assert "bad.jsonl:2: malformed JSON line" in strict.stderr
+    assert "skip-bad" not in strict.stderr
+    assert "fix or remove that line" in strict.stderr

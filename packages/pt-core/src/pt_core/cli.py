@@ -1,7 +1,10 @@
 """What every pt command line shares: --version, --quiet/--verbose, and error reporting.
 
 Each tool builds its Typer app with :func:`make_app` and exposes
-``main = make_main(app)`` as its console script.
+``main = make_main(app)`` as its console script. Every error a user can cause ends the
+process with one ``error:`` line on stderr (and a ``fix:`` line), never a traceback:
+:class:`PtError` with its own exit code, a usage error (unknown option, a value of the
+wrong type, a missing argument) with exit code 2.
 """
 
 from __future__ import annotations
@@ -14,36 +17,77 @@ import typer
 from pt_core.errors import PtError
 from pt_core.log import console, setup_logging
 
+# The options of the command that is running, so shared code can offer a flag in a hint
+# only where the command has it (see command_has_option).
+_running: dict[str, frozenset[str]] = {"options": frozenset()}
 
-def make_app(name: str, help: str, version: str) -> typer.Typer:
-    app = typer.Typer(
+
+def flag(name: str, *names: str, help: str):
+    """An on/off option that takes no value (shown without a value type in --help)."""
+    return typer.Option(False, name, *names, help=help, metavar="")
+
+
+def command_has_option(name: str) -> bool:
+    """Whether the command being run accepts the option ``name`` (e.g. ``--skip-bad``)."""
+    return name in _running["options"]
+
+
+def new_typer(name: str, help: str, **settings) -> typer.Typer:
+    """A Typer app with pt's conventions: -h/--help, help when given no arguments, and
+    errors left to :func:`make_main` (no pretty tracebacks)."""
+    return typer.Typer(
         name=name,
         help=help,
         no_args_is_help=True,
-        add_completion=False,
         pretty_exceptions_enable=False,
         context_settings={"help_option_names": ["-h", "--help"]},
+        **settings,
     )
 
-    def _version(value: bool) -> None:
+
+def version_option(name: str, version: str):
+    """``--version``: print ``NAME VERSION`` and exit."""
+
+    def show(value: bool) -> None:
         if value:
             typer.echo(f"{name} {version}")
             raise typer.Exit()
 
+    return typer.Option(
+        False,
+        "--version",
+        callback=show,
+        is_eager=True,
+        metavar="",
+        help="Print the version and exit.",
+    )
+
+
+def make_app(name: str, help: str, version: str) -> typer.Typer:
+    app = new_typer(name, help, add_completion=False)
+
     @app.callback()
     def _root(
-        quiet: bool = typer.Option(
-            False, "--quiet", "-q", help="Only warnings and errors on stderr; no progress bars."
+        ctx: typer.Context,
+        quiet: bool = flag(
+            "--quiet", "-q", help="Only warnings and errors on stderr; no progress bars."
         ),
-        verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging on stderr."),
-        version_: bool = typer.Option(
-            False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
-        ),
+        verbose: bool = flag("--verbose", "-v", help="Debug logging on stderr."),
+        version_: bool = version_option(name, version),
     ) -> None:
         setup_logging(quiet=quiet, verbose=verbose)
+        _running["options"] = _options_of(ctx)
 
     _root.__doc__ = help
     return app
+
+
+def _options_of(ctx: typer.Context) -> frozenset[str]:
+    name = ctx.invoked_subcommand
+    command = ctx.command.get_command(ctx, name) if name else None
+    if command is None:
+        return frozenset()
+    return frozenset(o for p in command.params for o in (*p.opts, *p.secondary_opts))
 
 
 def make_main(app: typer.Typer) -> Callable[[], None]:
@@ -65,14 +109,11 @@ def make_main(app: typer.Typer) -> Callable[[], None]:
         except KeyboardInterrupt:
             console.print("[red]interrupted[/red]")
             sys.exit(130)
-        except Exception as exc:
-            # Usage errors (unknown option, missing argument) from the click that typer bundles.
-            if callable(getattr(exc, "show", None)) and isinstance(
-                getattr(exc, "exit_code", None), int
-            ):
-                exc.show()
-                sys.exit(exc.exit_code)
-            raise
+        except typer.TyperException as exc:
+            # Usage errors (unknown option, bad value, missing argument) from the click
+            # that typer bundles.
+            report_usage_error(exc)
+            sys.exit(exc.exit_code)
 
     return main
 
@@ -86,6 +127,28 @@ def report_error(exc: PtError) -> None:
     if exc.hint:
         console.print(
             Text.assemble(("  fix: ", "yellow"), exc.hint), highlight=False, soft_wrap=True
+        )
+
+
+def report_usage_error(exc: typer.TyperException) -> None:
+    """A usage error as one ``error:`` line naming the command, and where to find the
+    options; a command given no arguments shows its help instead."""
+    from rich.text import Text
+
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        exc.show()
+        return
+    ctx = getattr(exc, "ctx", None)
+    message = " ".join(exc.format_message().split())
+    where = f"{ctx.command_path}: " if ctx is not None else ""
+    console.print(
+        Text.assemble(("error: ", "bold red"), where, message), highlight=False, soft_wrap=True
+    )
+    if ctx is not None:
+        console.print(
+            Text.assemble(("  fix: ", "yellow"), f"see {ctx.command_path} --help"),
+            highlight=False,
+            soft_wrap=True,
         )
 
 

@@ -59,7 +59,12 @@ def read_yaml(path: str | os.PathLike) -> tuple[dict, dict[tuple, int]]:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{p}: config file not found")
-    text = p.read_text(encoding="utf-8")
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a directory; expected a YAML file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not a text file ({exc.reason} at byte {exc.start})") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -77,6 +82,9 @@ def read_yaml(path: str | os.PathLike) -> tuple[dict, dict[tuple, int]]:
 
 
 # --------------------------------------------------------------------------- overrides
+
+# Words a user may put after an on/off flag, which then land among the overrides.
+BOOLEAN_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
 
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
@@ -96,10 +104,10 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``a.b.c=value`` overrides in place; list items by index (``datasets.0.weight=2``)."""
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(
-                f"override {item!r} has no '='",
-                hint="write overrides as key.path=value, e.g. training.lr=1e-5",
-            )
+            hint = "write overrides as key.path=value, e.g. training.lr=1e-5"
+            if item.lower() in BOOLEAN_WORDS:
+                hint = "flags take no value: give the flag alone to turn it on"
+            raise ConfigError(f"override {item!r} has no '='", hint=hint)
         dotted, raw = item.split("=", 1)
         keys = dotted.strip().split(".")
         if not all(keys):

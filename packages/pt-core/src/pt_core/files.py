@@ -11,6 +11,8 @@ import contextlib
 import json
 import os
 import shutil
+import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -29,7 +31,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it onto ``path``.
 
     Works for files and directories. On an exception the temporary path is
-    removed and ``path`` is left as it was.
+    removed and ``path`` is left as it was. The output gets the modes of the process
+    umask (see :func:`apply_umask`), whatever the writer used.
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -39,9 +42,49 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield target
         if not target.exists():
             raise RuntimeError(f"atomic_path: nothing was written to {target}")
+        apply_umask(target)
         _replace(target, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def process_umask() -> int:
+    """The process umask, read without changing it (os.umask can only read by setting)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no /proc (macOS): set and restore at once
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: str | os.PathLike) -> None:
+    """Give ``path``, and everything under it when it is a directory, the mode that a plain
+    ``open()`` or ``mkdir()`` gives under the process umask (0644 / 0755 under umask 022).
+
+    Writers that go through a private temporary file of their own leave 0600 behind
+    (safetensors' ``save_file`` does, so ``model.safetensors`` of a checkpoint would be
+    unreadable to the rest of a group sharing a run directory). Executable files keep
+    their execute bits, within the umask; symbolic links are left alone.
+    """
+    umask = process_umask()
+    root = Path(path)
+    entries = [root]
+    if root.is_dir() and not root.is_symlink():
+        for parent, dirs, files in os.walk(root):
+            entries.extend(Path(parent, name) for name in (*dirs, *files))
+    for entry in entries:
+        st = os.lstat(entry)
+        if stat.S_ISLNK(st.st_mode):
+            continue
+        executable = stat.S_ISDIR(st.st_mode) or st.st_mode & 0o111
+        mode = (0o777 if executable else 0o666) & ~umask
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.chmod(entry, mode)
 
 
 def _replace(src: Path, dst: Path) -> None:
@@ -134,10 +177,17 @@ def _iter_jsonl(f: Path, skip_bad: bool, bad_counter: list[int] | None) -> Itera
                         bad_counter[0] += 1
                     continue
                 raise InputError(
-                    f"{f}:{lineno}: malformed JSON line ({exc})",
-                    hint="fix or remove that line, or pass --skip-bad to skip and count bad lines",
+                    f"{f}:{lineno}: malformed JSON line ({exc})", hint=_malformed_line_hint()
                 ) from None
             yield row
+
+
+def _malformed_line_hint() -> str:
+    """Offer --skip-bad only where the running command has that flag."""
+    cli = sys.modules.get("pt_core.cli")  # not loaded: called from Python, not a command
+    if cli is not None and cli.command_has_option("--skip-bad"):
+        return "fix or remove that line, or pass --skip-bad to skip and count bad lines"
+    return "fix or remove that line"
 
 
 def _iter_json_array(f: Path) -> Iterator[dict]:

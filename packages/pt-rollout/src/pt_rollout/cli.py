@@ -2,6 +2,7 @@
 
     pt-rollout generate --model ckpt/ --prompts prompts.jsonl --n 8 --out rollouts.jsonl
     pt-rollout score --teacher big/ --rollouts - --top-k 8 --out scores.jsonl
+    pt-train run train.yaml | pt-rollout generate --model - --prompts prompts.jsonl
 
 This module only parses arguments and calls library functions.
 """
@@ -12,9 +13,10 @@ from pathlib import Path
 
 import typer
 
-from pt_core.cli import make_app, make_main
+from pt_core.cli import flag, make_app, make_main
 from pt_core.manifest import emit_manifest
 from pt_rollout import __version__
+from pt_rollout.model_path import one_stdin_input, resolve_model
 
 app = make_app(
     "pt-rollout", "Generate rollouts and score them with a teacher (vLLM or HF).", __version__
@@ -25,9 +27,18 @@ ENGINE_HELP = "vllm, hf, or auto (vLLM when installed and a device fits, else HF
 
 @app.command("generate")
 def generate_cmd(
-    model: str = typer.Option(..., "--model", "-m", help="Model directory (or hub name)."),
+    model: str = typer.Option(
+        ...,
+        "--model",
+        "-m",
+        help="Model directory (a run's inference/step-N), hub name, or - for the checkpoint "
+        "manifest piped in.",
+    ),
     prompts: str = typer.Option(
-        ..., "--prompts", "-p", help="Prompt rows: .jsonl/.parquet, a pt-data dataset dir, or -."
+        ...,
+        "--prompts",
+        "-p",
+        help="Prompt rows: .jsonl/.parquet, a pt-data dataset dir, or - (not with --model -).",
     ),
     out: Path = typer.Option(
         Path("rollouts.jsonl"),
@@ -41,8 +52,8 @@ def generate_cmd(
     max_tokens: int = typer.Option(1024, "--max-tokens", help="New tokens per completion."),
     stop: list[str] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed; each (id, sample) derives its own."),
-    logprobs: bool = typer.Option(
-        False, "--logprobs", help="Add completion_logprobs: each sampled token's log-prob."
+    logprobs: bool = flag(
+        "--logprobs", help="Add completion_logprobs: each sampled token's log-prob."
     ),
     logprobs_mode: str = typer.Option(
         "raw",
@@ -64,8 +75,8 @@ def generate_cmd(
         "on batching.",
     ),
     engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
-    no_template: bool = typer.Option(
-        False, "--no-template", help="Send string prompts as raw text, without the chat template."
+    no_template: bool = flag(
+        "--no-template", help="Send string prompts as raw text, without the chat template."
     ),
     system: str = typer.Option(None, "--system", help="System prompt for every row."),
     split: str = typer.Option(
@@ -93,6 +104,8 @@ def generate_cmd(
     """Generate n completions per prompt: one rollouts row per (id, sample)."""
     from pt_rollout.generate import GenerateOptions, generate
 
+    one_stdin_input(model=model, prompts=prompts)
+    model = resolve_model(model, option="--model")
     options = GenerateOptions(
         n=n,
         temperature=temperature,
@@ -123,8 +136,15 @@ def generate_cmd(
 
 @app.command("score")
 def score_cmd(
-    teacher: str = typer.Option(..., "--teacher", "-t", help="Teacher model directory."),
-    rollouts: str = typer.Option(..., "--rollouts", "-r", help="Rollout rows, or - to pipe."),
+    teacher: str = typer.Option(
+        ...,
+        "--teacher",
+        "-t",
+        help="Teacher model directory, hub name, or - for the checkpoint manifest piped in.",
+    ),
+    rollouts: str = typer.Option(
+        ..., "--rollouts", "-r", help="Rollout rows, or - to pipe (not with --teacher -)."
+    ),
     out: Path = typer.Option(
         Path("scores.jsonl"), "--out", "-o", help="Output .jsonl or .parquet (resumed if present)."
     ),
@@ -145,6 +165,8 @@ def score_cmd(
     """Add the teacher's log-prob of every completion token (and its top-k) to each rollout."""
     from pt_rollout.score import score
 
+    one_stdin_input(teacher=teacher, rollouts=rollouts)
+    teacher = resolve_model(teacher, option="--teacher")
     summary = score(
         teacher,
         rollouts,

@@ -4,6 +4,7 @@
     pt-data build data.yaml | pt-train run train.yaml --data -
     pt-train check train.yaml launcher.nproc=2
     pt-train plot runs/sft-tiny
+    pt-train plot runs/sft runs/dft --out compare.png --key loss --key grad_norm
 
 This module only parses arguments and calls library functions.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import typer
 
-from pt_core.cli import make_app, make_main, split_overrides
+from pt_core.cli import flag, make_app, make_main, split_overrides
 from pt_core.log import console
 from pt_core.manifest import emit_manifest, resolve_input
 from pt_train import __version__
@@ -38,8 +39,9 @@ def run(
         help="Training data: a pt-data dataset, a row file (rollouts or scores for opd), or '-' "
         "for a piped manifest.",
     ),
-    force_resume: bool = typer.Option(
-        False, "--force-resume", help="Resume even if keys that change training differ."
+    force_resume: bool = flag(
+        "--force-resume",
+        help="Resume even if keys that change training differ.",
     ),
 ) -> None:
     """Train (or resume) a run; print the final inference checkpoint's manifest.
@@ -133,11 +135,25 @@ def check(
 
 
 @app.command()
-def plot(run_dir: Path = typer.Argument(..., help="A run directory with metrics.jsonl.")) -> None:
-    """Draw loss and learning-rate curves to RUN_DIR/loss.png and RUN_DIR/lr.png."""
-    from pt_train.plot import plot_run
+def plot(
+    run_dirs: list[Path] = typer.Argument(
+        ..., help="Run directories with metrics.jsonl (one or more)."
+    ),
+    out: Path = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="One figure: a panel per key, a line per run (needed for several runs).",
+    ),
+    keys: list[str] = typer.Option(
+        None, "--key", "-k", help="metrics.jsonl key to plot (repeatable; default: loss, lr)."
+    ),
+) -> None:
+    """Draw metrics against step: RUN_DIR/loss.png and RUN_DIR/lr.png for one run, or one
+    figure (--out) comparing several runs."""
+    from pt_train.plot import DEFAULT_KEYS, plot_metrics
 
-    for path in plot_run(run_dir):
+    for path in plot_metrics(run_dirs, out, tuple(keys or DEFAULT_KEYS)):
         console.print(f"wrote {path}")
 
 

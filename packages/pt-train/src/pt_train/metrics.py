@@ -8,16 +8,20 @@ where the accelerator's peak FLOP/s is known.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import resource
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from pt_core.errors import ConfigError
+from pt_core.errors import ConfigError, InputError
+from pt_core.files import atomic_write_text
 from pt_core.log import get_logger
-from pt_train.config import LoggingConfig
+
+if TYPE_CHECKING:  # pt-train plot reads metrics without importing torch
+    from pt_train.config import LoggingConfig
 
 log = get_logger(__name__)
 
@@ -26,6 +30,8 @@ PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A
 
 
 def peak_flops() -> float | None:
+    import torch
+
     if not torch.cuda.is_available():
         return None
     name = torch.cuda.get_device_name()
@@ -33,6 +39,8 @@ def peak_flops() -> float | None:
 
 
 def peak_memory_gb() -> float:
+    import torch
+
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**30
     # ru_maxrss is KiB on Linux, bytes on macOS
@@ -82,18 +90,16 @@ class MetricsWriter:
                 dir=str(run_dir),
                 mode=logging_cfg.wandb_mode,
                 resume="allow",
-                id=Path(run_dir).name,
+                id=wandb_run_id(run_dir),
             )
 
     def _truncate_after(self, step: int) -> None:
-        """Drop lines past the checkpoint a resumed run restarts from: those steps run again."""
+        """Drop lines past the checkpoint a resumed run restarts from: those steps run again
+        (and a last line torn by a crash)."""
         if not self.path.exists():
             return
-        keep = []
-        for line in self.path.read_text().splitlines():
-            if line.strip() and json.loads(line).get("step", 0) <= step:
-                keep.append(line + "\n")
-        self.path.write_text("".join(keep))
+        keep = [line for line, r in _read_lines(self.path) if r.get("step", 0) <= step]
+        self.path.write_text("".join(line + "\n" for line in keep))
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -118,6 +124,54 @@ class MetricsWriter:
             self._wandb.finish()
 
 
+WANDB_ID_FILE = "wandb_run_id"
+
+
+def wandb_run_id(run_dir: str | Path) -> str:
+    """The W&B run id of ``run_dir``: read from ``<run_dir>/wandb_run_id``, or made from the
+    run name and a hash of the resolved run directory and stored there on the first call.
+
+    Two runs with the same ``run_name`` in different output directories get different
+    ids (so neither resumes the other's W&B run), and a resumed run, even one whose
+    directory was moved since, keeps its own.
+    """
+    run_dir = Path(run_dir)
+    stored = run_dir / WANDB_ID_FILE
+    if stored.is_file():
+        return stored.read_text(encoding="utf-8").strip()
+    resolved = str(run_dir.resolve())
+    digest = hashlib.blake2b(resolved.encode(), digest_size=6).hexdigest()
+    # W&B ids may not hold / \ # ? % : and are shown in URLs: keep the name readable.
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_dir.resolve().name).strip("-.")[:48]
+    run_id = f"{name}-{digest}" if name else digest
+    atomic_write_text(stored, run_id + "\n")
+    return run_id
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    """The records of ``<run_dir>/metrics.jsonl``; a malformed line is an InputError naming
+    it, except a last line without its newline (a crash mid-write), which is dropped."""
+    return [record for _, record in _read_lines(Path(run_dir) / "metrics.jsonl")]
+
+
+def _read_lines(path: Path) -> list[tuple[str, dict]]:
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    records = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        except ValueError as exc:
+            if lineno == len(lines) and not text.endswith("\n"):
+                log.warning("%s:%d: dropping a torn last line (a crash mid-write)", path, lineno)
+                continue
+            raise InputError(
+                f"{path}:{lineno}: malformed metrics line ({exc})",
+                hint="pt-train writes one JSON object per line; remove that line",
+            ) from None
+        records.append((line, record))
+    return records
