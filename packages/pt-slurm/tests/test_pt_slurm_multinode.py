@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pt_slurm.state import read_state
+
 pytest.importorskip("torch.distributed", reason="the distributed stand-in needs torch")
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -67,7 +69,7 @@ def test_two_node_job_rendezvous_and_self_healing(
         slurm_cluster.signal_batch(job_id, "USR1")
 
     def finished():
-        st = json.loads((run_dir / "slurm" / "state.json").read_text())
+        st = read_state(run_dir)
         return st if slurm_cluster.job(job_id).get("JobState") == "COMPLETED" else None
 
     st = _wait(finished, "the job to complete")

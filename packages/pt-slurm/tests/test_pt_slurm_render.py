@@ -26,7 +26,7 @@ def write(tmp_path: Path, slurm: dict, **top) -> Path:
         "run_name": "big",
         "output_dir": str(tmp_path / "runs"),
         "model": {"name_or_path": "some/model"},  # the stage's keys: passed through unread
-        "training": {"max_steps": 10},
+        "training": {"max_steps": 10, "global_batch_size": 96},  # 8 and 12 ranks divide it
         "slurm": slurm,
         **top,
     }
@@ -89,7 +89,9 @@ def test_two_nodes_four_gpus_dry_run_has_the_sbatch_lines_and_rendezvous(tmp_pat
         "--signal=B:USR1@300",  # to the batch shell, which forwards it to the ranks
     ]
     assert 'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in script
-    assert 'MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"' in script
+    # 10000-29999: below Linux's ephemeral ports (32768-60999), where a port the rendezvous
+    # wants can be taken by any outgoing connection
+    assert 'MASTER_PORT="$((10000 + SLURM_JOB_ID % 20000))"' in script
     launch = re.search(r"exec (\S*torchrun .*)", script).group(1)
     for word in (
         "--nnodes=2",
@@ -100,7 +102,14 @@ def test_two_nodes_four_gpus_dry_run_has_the_sbatch_lines_and_rendezvous(tmp_pat
     ):
         assert word in launch.split(), word
     assert launch.endswith('pt-train run "$PT_CONFIG"')  # the same command on every rank
-    assert "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=32" in script
+    # every environment variable reaches the ranks (sites set SLURM_EXPORT_ENV=NONE), and
+    # every line of the step names its node
+    assert "srun --export=ALL --label --nodes=2 --ntasks-per-node=1 --cpus-per-task=32" in script
+    # one log per rank besides, under slurm/ranks/<job>-<restart>/node-<n>/
+    assert (
+        '--log-dir="$PT_SLURM_DIR/ranks/$SLURM_JOB_ID-$SLURM_RESTART_COUNT/node-$SLURM_NODEID"'
+        in launch.split()
+    )
     assert "export NCCL_DEBUG=WARN" in script
     assert not run_dir.exists()  # a dry run writes nothing
     shellcheck(script, tmp_path)
@@ -126,20 +135,30 @@ def test_every_launcher_renders_a_shellcheck_clean_script(tmp_path, cli, launche
         "launcher": launcher,
         "modules": ["cuda/12.4", "nccl"],
         "env_file": "/etc/pt.env",
-        "setup": ["ulimit -n 65536"],
-        "extra_sbatch": ["--exclusive", "--constraint=a100"],
+        "setup": ["ulimit -n 65536  # a comment", 'echo "$HOME $(date)" >&2'],
+        "constraint": "a100&ib",
+        "exclusive": True,
+        "extra_sbatch": ["--reservation=maint"],
     }
     if container:
         slurm["container"] = {"image": "/images/pt.sif", "binds": ["/data:/data", "/scratch"]}
     script = dry_run(cli, write(tmp_path, slurm))
-    assert sbatch_lines(script)[-2:] == ["--exclusive", "--constraint=a100"]
-    assert "module load cuda/12.4 nccl" in script
+    lines = sbatch_lines(script)
+    assert {"--constraint=a100&ib", "--exclusive"} <= set(lines)
+    assert sbatch_lines(script)[-1] == "--reservation=maint"
+    # each piece of the setup books its own failure, named by its text
+    assert "module load cuda/12.4 nccl || pt_setup_failed" in script
+    assert 'setup_line="echo \\"\\$HOME \\$(date)\\" >&2"' in script
     if launcher == "deepspeed":
         assert "slots=4" in script and '--node_rank="$SLURM_NODEID"' in script
     if launcher == "accelerate":
         assert "--num_processes=8" in script and '--machine_rank="$SLURM_NODEID"' in script
     if container:
-        assert "apptainer exec --nv --bind /data:/data,/scratch /images/pt.sif" in script
+        # the run dir and the working dir are bound at their own paths without being asked
+        binds = f"{tmp_path / 'runs' / 'big'},{Path.cwd()},/data:/data,/scratch"
+        assert f"apptainer exec --nv --bind {binds} /images/pt.sif" in script
+        # the job's own bookkeeping needs no Python on the node, only bash and flock
+        assert sys.executable not in script and "python -m" not in script
     shellcheck(script, tmp_path)
 
 
@@ -217,3 +236,51 @@ def test_pt_slurm_does_not_import_torch():
         "assert 'torch' not in sys.modules and 'pt_train' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+
+
+def test_pyxis_runs_the_step_in_an_enroot_container_with_the_run_dir_mounted(tmp_path, cli):
+    slurm = {
+        **TWO_NODES,
+        "container": {
+            "runtime": "pyxis",
+            "image": "nvcr.io#nvidia/pytorch:24.05-py3",
+            "binds": ["/data", "/scratch:/scratch:ro"],
+            "options": ["--container-remap-root"],
+        },
+    }
+    script = dry_run(cli, write(tmp_path, slurm))
+    srun = next(x for x in script.splitlines() if x.startswith("srun "))
+    run_dir, cwd = tmp_path / "runs" / "big", Path.cwd()
+    assert srun.split()[-5:] == ["--container-remap-root", "bash", "-c", "node_main", "&"]
+    for word in (
+        "'--container-image=nvcr.io#nvidia/pytorch:24.05-py3'",
+        f"--container-mounts={run_dir}:{run_dir},{cwd}:{cwd},/data:/data,/scratch:/scratch:ro",
+        f"--container-workdir={cwd}",
+        "--container-remap-root",
+    ):
+        assert word in srun.split(), word
+    # the commands come from the container's PATH, not from this machine's environment
+    node = re.search(r"exec (.*)", script.split("node_main() {")[1]).group(1)
+    assert node.startswith("torchrun ") and node.endswith('pt-train run "$PT_CONFIG"')
+    assert sys.executable not in script
+    shellcheck(script, tmp_path)
+
+
+def test_apptainer_on_amd_gpus_passes_rocm(tmp_path, cli):
+    slurm = {**TWO_NODES, "container": {"image": "/images/pt-rocm.sif", "gpu": "rocm"}}
+    script = dry_run(cli, write(tmp_path, slurm))
+    assert "apptainer exec --rocm --bind" in script and "--nv" not in script
+    shellcheck(script, tmp_path)
+
+
+def test_help_shows_flags_without_a_value(tmp_path, cli):
+    """A flag shown as `--dry-run <bool>` invites `--dry-run true`, whose `true` is then read
+    as an override."""
+    for verb in ("submit", "status", "logs", "cancel"):
+        text = cli("pt-slurm", verb, "--help", env={"COLUMNS": "120"}).stdout
+        flags = [
+            x for x in text.splitlines() if "--dry-run" in x or "--follow" in x or "--force" in x
+        ]
+        assert all("<bool>" not in x for x in flags), flags
+    proc = cli("pt-slurm", "submit", write(tmp_path, {}), "--dry-run", "true", check=False)
+    assert proc.returncode == 2 and "override 'true' has no '='" in proc.stderr
