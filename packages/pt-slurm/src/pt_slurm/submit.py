@@ -40,6 +40,11 @@ def plan(
 ) -> tuple[list[Stage], Path | None]:
     """The stages to submit, and the pipeline's directory (None for a single run)."""
     overrides = list(overrides or [])
+    if Path(config).is_dir():
+        raise ConfigError(
+            f"{config} is a directory, not a config file",
+            hint="pass the run's YAML file (status, logs and cancel take the run directory)",
+        )
     if not Path(config).is_file():
         raise ConfigError(f"{config}: no such config file")
     if is_pipeline_file(config):

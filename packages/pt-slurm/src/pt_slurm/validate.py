@@ -13,6 +13,7 @@ Each returns one line saying what was checked (or why nothing could be).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import subprocess
 from pathlib import Path
@@ -126,14 +127,16 @@ def _validate_flags(stage: str, options: dict[str, Any], *, has_input: bool) -> 
         return f"not checked: {module_name} is not importable here"
     group = typer.main.get_command(module.app)
     command = getattr(group, "commands", {}).get(command_name, group)
-    for key, value in options.items():
-        param = _param(command, key)
-        if value is False and param is not None and param.default is True:
-            off = f"no_{key}" if f"--no-{key.replace('_', '-')}" in param.secondary_opts else None
+    tool = f"{module_name.split('.')[0].replace('_', '-')} {command_name}"
+    known = [o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+    for key in options:
+        # by name first: a false or null value leaves the flag out of the command line
+        name = "--" + str(key).replace("_", "-")
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
             raise ConfigError(
-                f"{stage}.{key}: false leaves the flag out, and --{key.replace('_', '-')} is on "
-                "by default, so false would change nothing",
-                hint=f"write {off}: true" if off else "remove the key",
+                f"{stage}.{key}: `{tool}` has no option {name}",
+                hint=f"did you mean {close[0]}?" if close else f"`{tool} --help` lists its options",
             )
     args = stage_flags(options) + ([flag, "<from the stage before>"] if has_input else [])
     try:
@@ -143,17 +146,7 @@ def _validate_flags(stage: str, options: dict[str, Any], *, has_input: bool) -> 
         if not callable(getattr(exc, "format_message", None)):
             raise
         raise ConfigError(
-            f"the {stage}: options do not parse as `{module_name.split('.')[0].replace('_', '-')} "
-            f"{command_name}` options: {exc.format_message()}",
-            hint=f"use the options that `{module_name.split('.')[0].replace('_', '-')} "
-            f"{command_name} --help` lists, with _ or - between words",
+            f"the {stage}: options do not parse as `{tool}` options: {exc.format_message()}",
+            hint=f"`{tool} --help` lists its options and their types",
         ) from None
-    return f"{stage} options parsed by {module_name.split('.')[0].replace('_', '-')} {command_name}"
-
-
-def _param(command, key: str):
-    name = "--" + key.replace("_", "-")
-    for param in command.params:
-        if name in getattr(param, "opts", ()) or name in getattr(param, "secondary_opts", ()):
-            return param
-    return None
+    return f"{stage} options parsed by {tool}"
