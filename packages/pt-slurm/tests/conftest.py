@@ -244,6 +244,7 @@ class Standin:
     when it printed its manifest, making progress when its checkpoint file changes."""
 
     pt_slurm = PT_SLURM
+    path = STANDIN
 
     @staticmethod
     def config(root: Path, name: str, standin: dict, **slurm) -> Path:

@@ -207,6 +207,9 @@ def test_an_unknown_slurm_key_names_file_line_and_the_fix(tmp_path, cli):
         ({"launcher": "mpirun"}, "'torchrun'"),
         ({"env": {"BAD-NAME": 1}}, "BAD-NAME"),
         ({"extra_sbatch": ["exclusive"]}, "one option"),
+        ({"extra_sbatch": ["--output=/tmp/x.out"]}, "pt-slurm sets --output itself"),
+        ({"extra_sbatch": ["-N 4"]}, "pt-slurm sets -N itself (slurm.nodes)"),
+        ({"constraint": "a100 && ib"}, "not a SLURM feature expression"),
     ],
 )
 def test_invalid_slurm_values_are_config_errors(tmp_path, cli, slurm, message):
@@ -284,3 +287,52 @@ def test_help_shows_flags_without_a_value(tmp_path, cli):
         assert all("<bool>" not in x for x in flags), flags
     proc = cli("pt-slurm", "submit", write(tmp_path, {}), "--dry-run", "true", check=False)
     assert proc.returncode == 2 and "override 'true' has no '='" in proc.stderr
+
+
+def _scripts(text: str) -> list[str]:
+    """The scripts of a pipeline's dry run, each after its `# ===== stage` header line."""
+    return [part.split("\n", 1)[1] for part in text.split("# ===== stage ")[1:]]
+
+
+def test_the_example_pipeline_renders_three_chained_stages(tmp_path, cli):
+    example = Path(__file__).resolve().parents[3] / "examples" / "slurm-pipeline" / "pipeline.yaml"
+    proc = cli("pt-slurm", "submit", example, "--dry-run", cwd=tmp_path)
+    assert "# ===== stage 2 of 3: train, after stage 'data' succeeds" in proc.stdout
+    data, train, evaluate = _scripts(proc.stdout)
+    root = tmp_path / "runs" / "quickstart"
+    # per-stage resources: the data on CPU nodes, training and evaluation on a GPU
+    assert "--partition=cpu" in sbatch_lines(data) and "--gpus-per-node=1" not in sbatch_lines(data)
+    for script in (train, evaluate):
+        assert {"--partition=gpu", "--gpus-per-node=1"} <= set(sbatch_lines(script))
+    assert sbatch_lines(train)[0] == "--job-name=quickstart-train"
+    # each stage takes the result the stage before it printed
+    assert f"pt_read_input {root}/data/slurm/manifest.json" in train
+    assert re.search(r'pt-train run "\$PT_CONFIG" --data "\$PT_INPUT"$', train, re.M)
+    assert f"pt_read_input {root}/train/slurm/manifest.json" in evaluate
+    assert re.search(r'pt-eval run .* --model "\$PT_INPUT"$', evaluate, re.M)
+    assert f"--out {root}/eval/out" in evaluate
+    # and each stage's own config was checked before anything was written
+    assert "train: pt-train config checked at world size 1" in " ".join(proc.stderr.split())
+    assert not (tmp_path / "runs").exists()
+    for script in (data, train, evaluate):
+        shellcheck(script, tmp_path)
+
+
+def test_repeated_stage_flags_chain_stages_of_one_config(tmp_path, cli):
+    config = write(
+        tmp_path,
+        {"nodes": 1},
+        eval={"benchmark": "b.jsonl", "n": 2},
+    )
+    proc = cli("pt-slurm", "submit", config, "--stage", "train", "--stage", "eval", "--dry-run")
+    train, evaluate = _scripts(proc.stdout)
+    root = tmp_path / "runs" / "big"
+    assert f"RUN_DIR={root}/train" in train and f"RUN_DIR={root}/eval" in evaluate
+    assert f"pt_read_input {root}/train/slurm/manifest.json" in evaluate
+    assert "eval: eval options parsed by pt-eval run" in " ".join(proc.stderr.split())
+    # the train stage's frozen config goes without the eval stage's options, which
+    # pt-train's schema would refuse
+    from pt_slurm.submit import plan
+
+    train_stage, eval_stage = plan(config, [], ["train", "eval"])[0]
+    assert "eval" not in train_stage.data and eval_stage.data["eval"]["n"] == 2

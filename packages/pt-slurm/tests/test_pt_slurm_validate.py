@@ -158,3 +158,23 @@ def test_a_data_stage_checks_the_data_config(tmp_path, cli):
     proc = cli("pt-slurm", "submit", path, "--stage", "data", "--dry-run", check=False)
     assert proc.returncode == 2
     assert f"{path}:6" in proc.stderr and "data.shuffle" in proc.stderr
+
+
+def test_an_eval_section_beside_the_training_keys_keeps_their_lines_in_errors(tmp_path, cli):
+    """pt-train's schema knows no eval: section; it is checked without it, and a mistake
+    after it is still named by its own line in the user's file."""
+    path = tmp_path / "train.yaml"
+    path.write_text(
+        "run_name: both\n"
+        f"output_dir: {tmp_path}\n"
+        "eval:\n"
+        "  benchmark: b.jsonl\n"
+        "  n: 2\n"
+        "model: {name_or_path: some/model}\n"
+        "training: {max_steps: 10, warmup_ratoi: 0.1}\n"
+    )
+    proc = cli(
+        "pt-slurm", "submit", path, "--stage", "train", "--stage", "eval", "--dry-run", check=False
+    )
+    assert proc.returncode == 2
+    assert f"{path}:7" in proc.stderr and "training.warmup_ratio" in proc.stderr

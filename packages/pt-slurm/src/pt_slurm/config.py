@@ -41,6 +41,20 @@ _CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.,:&|!*\[\]()-]+$")  # SLURM's feature
 _RELATIVE_FILE_RE = re.compile(r"^[A-Za-z0-9_.@+=,-][A-Za-z0-9_./@+=,-]*$")
 
 
+# #SBATCH options the job script depends on, so extra_sbatch may not change them.
+_SBATCH_OWN = {
+    **dict.fromkeys(("--output", "-o", "--error", "-e"), "the job reads its own log"),
+    **dict.fromkeys(("--open-mode",), "a requeued job appends to its logs"),
+    **dict.fromkeys(("--chdir", "-D"), "the working directory of submit"),
+    **dict.fromkeys(("--requeue", "--no-requeue"), "the job requeues itself"),
+    **dict.fromkeys(("--signal",), "slurm.signal_seconds"),
+    **dict.fromkeys(("--nodes", "-N"), "slurm.nodes"),
+    **dict.fromkeys(("--ntasks-per-node", "--ntasks", "-n"), "one task per node"),
+    **dict.fromkeys(("--dependency", "-d"), "pipelines chain their stages"),
+    **dict.fromkeys(("--job-name", "-J"), "slurm.job_name"),
+}
+
+
 def time_limit_seconds(text: str) -> int:
     """Seconds in a SLURM time limit ("30" minutes, "04:00:00", "1-12:00")."""
     m = _TIME_RE.match(text.strip())
@@ -181,6 +195,12 @@ class SlurmConfig(Section):
             if not line.startswith("-") or "\n" in line:
                 raise ValueError(
                     f"{line!r}: give each extra #SBATCH line as one option, e.g. '--reservation=x'"
+                )
+            option = re.split(r"[=\s]", line, maxsplit=1)[0]
+            if option in _SBATCH_OWN:
+                raise ValueError(
+                    f"{line!r}: pt-slurm sets {option} itself ({_SBATCH_OWN[option]}); "
+                    "use the slurm: keys"
                 )
         return value
 

@@ -38,7 +38,7 @@ from pydantic import ConfigDict, Field, field_validator
 from pt_core.config import Section, apply_overrides, load_config, read_yaml, validate
 from pt_core.errors import ConfigError
 from pt_slurm.config import STAGES, RunFile, SlurmConfig, check_stage
-from pt_slurm.render import INPUT_KINDS, OUTPUT_KIND
+from pt_slurm.render import INPUT_KINDS, OPTION_MAPPINGS, OUTPUT_KIND
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -148,6 +148,7 @@ def build_stages(
             data.get("slurm") or {},
             spec.slurm.model_dump(exclude_unset=True),
         )
+        slurm.setdefault("job_name", f"{pipe.name}-{spec.name}")
         data.update(run_name=spec.name, output_dir=str(root), slurm=slurm)
         for kind in ("rollout", "eval"):
             options = getattr(spec, kind)
@@ -158,6 +159,7 @@ def build_stages(
             # a stage's outputs go into its own directory unless it says otherwise
             default_out = run_dir / ("rollouts.jsonl" if spec.stage == "rollout" else "out")
             data[spec.stage].setdefault("out", str(default_out))
+        data = without_other_options(spec.stage, data)
         run = validate(data, RunFile, source=where)
         check_stage(spec.stage, run, data)
         stage_overrides = [*spec.overrides, f"run_name={spec.name}", f"output_dir={root}"]
@@ -174,6 +176,12 @@ def build_stages(
             )
         )
     return stages
+
+
+def without_other_options(stage: str, data: dict) -> dict:
+    """The config a stage freezes: without the option mappings of the other stages
+    (``eval:`` in a train config, say), which its tool's schema does not know."""
+    return {k: v for k, v in data.items() if k not in OPTION_MAPPINGS or k == stage}
 
 
 def _input_of(spec: StageSpec, earlier: list[Stage], where: str) -> Stage | None:

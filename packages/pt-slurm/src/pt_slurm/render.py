@@ -38,6 +38,9 @@ DEFAULT_LAUNCHER = {"data": "none", "train": "torchrun", "rollout": "none", "eva
 INPUT_FLAG = {"train": "--data", "rollout": "--model", "eval": "--model"}
 INPUT_KINDS = {"train": ("dataset",), "rollout": ("checkpoint",), "eval": ("checkpoint",)}
 OUTPUT_KIND = {"data": "dataset", "train": "checkpoint", "rollout": "rollouts", "eval": "grades"}
+# The sections that hold a rollout or eval stage's options: pt-slurm's, not a stage
+# tool's, so the other stages' frozen configs go without them.
+OPTION_MAPPINGS = ("rollout", "eval")
 # pt-train replaces checkpoints/latest only once a checkpoint is complete.
 DEFAULT_PROGRESS = {"train": "checkpoints/latest"}
 _IGNORE_USR1 = 'trap "" USR1; exec "$@"'

@@ -25,7 +25,13 @@ from pt_core.files import atomic_write_json, atomic_write_text
 from pt_core.log import get_logger
 from pt_slurm import slurmcli, state
 from pt_slurm.config import check_stage, load_run_config
-from pt_slurm.pipeline import Stage, is_pipeline_file, load_pipeline, stages_of_one_config
+from pt_slurm.pipeline import (
+    Stage,
+    is_pipeline_file,
+    load_pipeline,
+    stages_of_one_config,
+    without_other_options,
+)
 from pt_slurm.render import INPUT_WORD, render_script
 from pt_slurm.validate import validate_stage
 
@@ -61,6 +67,7 @@ def plan(
         return planned, planned[0].run_dir.parent
     run, data = load_run_config(config, overrides)
     check_stage(kinds[0], run, data)
+    data = without_other_options(kinds[0], data)
     stage = Stage(
         name=run.run_name,
         stage=kinds[0],
@@ -318,7 +325,7 @@ def status(path: str | Path) -> dict[str, Any]:
     stages = pipeline_stages(path)
     if stages is None:
         return stage_status(path)
-    infos = [{"name": s["name"], **stage_status(Path(s["run_dir"]))} for s in stages]
+    infos = [{"name": s["name"], **stage_status(Path(s["run_dir"]), s)} for s in stages]
     first_open = next((i for i in infos if i["status"] != "completed"), None)
     return {
         "kind": "job",
@@ -329,8 +336,14 @@ def status(path: str | Path) -> dict[str, Any]:
     }
 
 
-def stage_status(run_dir: Path) -> dict[str, Any]:
-    st = state.read_state(run_dir)
+def stage_status(run_dir: Path, stage: dict | None = None) -> dict[str, Any]:
+    """One run's status; ``stage``: its record in a pipeline, whose later stages have no
+    events when an earlier stage's sbatch failed."""
+    if stage is not None and not state.events_path(run_dir).exists():
+        st = {"job_id": None, "status": "not submitted", "stage": stage.get("stage")}
+        st["reason"] = "a stage before it was not submitted"
+    else:
+        st = state.read_state(run_dir)
     fields: dict[str, str] = {}
     slurm_error = None
     if st["job_id"] and slurmcli.available():
@@ -394,7 +407,11 @@ def choose_stage(path: Path, name: str | None) -> Path:
                 hint=f"its stages: {', '.join(s['name'] for s in stages)}",
             )
         return Path(match["run_dir"])
-    started = [s for s in stages if state.read_state(s["run_dir"])["runs"]]
+    started = [
+        s
+        for s in stages
+        if state.events_path(s["run_dir"]).exists() and state.read_state(s["run_dir"])["runs"]
+    ]
     return Path((started or stages)[-1 if started else 0]["run_dir"])
 
 
@@ -461,7 +478,13 @@ def cancel(path: str | Path) -> dict[str, Any]:
     stages = pipeline_stages(path)
     if stages is None:
         return cancel_stage(path)
-    infos = [{"name": s["name"], **cancel_stage(Path(s["run_dir"]))} for s in stages]
+    infos = [
+        {"name": s["name"], **cancel_stage(Path(s["run_dir"]))}
+        if state.events_path(s["run_dir"]).exists()
+        else {"name": s["name"], "job_id": None, "status": "not submitted", "cancelled": False,
+              "message": "nothing to cancel: not submitted"}
+        for s in stages
+    ]  # fmt: skip
     return {"kind": "job", "path": path, "job_id": infos[-1]["job_id"], "stages": infos}
 
 

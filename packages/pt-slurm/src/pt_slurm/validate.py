@@ -13,15 +13,26 @@ Each returns one line saying what was checked (or why nothing could be).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from pt_core.errors import ConfigError
 from pt_slurm.config import RunFile
-from pt_slurm.render import DEFAULT_LAUNCHER, INPUT_FLAG, python_bindir, stage_flags
+from pt_slurm.render import (
+    DEFAULT_LAUNCHER,
+    INPUT_FLAG,
+    OPTION_MAPPINGS,
+    python_bindir,
+    stage_flags,
+)
 
 _CLI_MODULES = {"rollout": ("pt_rollout.cli", "generate"), "eval": ("pt_eval.cli", "run")}
 
@@ -62,7 +73,13 @@ def _validate_train(run: RunFile, config: Path | None, overrides: list[str]) -> 
         pt_train_config = importlib.import_module("pt_train.config")
     except ImportError:
         return _check_with_pt_train_command(run, config, overrides)
-    cfg = pt_train_config.load_train_config(config, overrides)
+    with _without_option_mappings(config) as readable:
+        try:
+            cfg = pt_train_config.load_train_config(readable, overrides)
+        except ConfigError as exc:
+            raise ConfigError(
+                exc.message.replace(str(readable), str(config)), hint=exc.hint
+            ) from None
     world, how = job_world_size(run, getattr(getattr(cfg, "launcher", None), "nproc", 1))
     try:
         accumulation = pt_train_config.batch_layout(cfg.training, world)
@@ -71,6 +88,33 @@ def _validate_train(run: RunFile, config: Path | None, overrides: list[str]) -> 
             f"{config}: at the job's world size {world} ({how}): {exc.message}", hint=exc.hint
         ) from None
     return f"pt-train config checked at world size {world} ({how}): {accumulation} accumulation step(s)"
+
+
+@contextlib.contextmanager
+def _without_option_mappings(config: Path) -> Iterator[Path]:
+    """``config``, or where it holds the ``rollout:``/``eval:`` option mappings of other
+    stages (which pt-train's schema does not know), a copy with their lines blanked, so
+    that every other key keeps its line for the error messages."""
+    text = config.read_text(encoding="utf-8")
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        root = None  # the stage's own loader reports it
+    blank = set()
+    if isinstance(root, yaml.MappingNode):
+        for key, value in root.value:
+            if key.value in OPTION_MAPPINGS:
+                end = value.end_mark
+                blank |= set(range(key.start_mark.line, end.line + (1 if end.column else 0)))
+    if not blank:
+        yield config
+        return
+    lines = text.splitlines(keepends=True)
+    kept = "".join("\n" if i in blank else line for i, line in enumerate(lines))
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / config.name
+        copy.write_text(kept, encoding="utf-8")
+        yield copy
 
 
 def _check_with_pt_train_command(run: RunFile, config: Path, overrides: list[str]) -> str:
@@ -85,11 +129,16 @@ def _check_with_pt_train_command(run: RunFile, config: Path, overrides: list[str
     world, how = job_world_size(run)
     launcher = run.slurm.launcher or DEFAULT_LAUNCHER["train"]
     extra = [] if launcher == "none" else [f"launcher.nproc={world}"]
-    proc = subprocess.run(
-        [str(tool), "check", str(config), *overrides, *extra], capture_output=True, text=True
-    )
+    with _without_option_mappings(config) as readable:
+        proc = subprocess.run(
+            [str(tool), "check", str(readable), *overrides, *extra], capture_output=True, text=True
+        )
     if proc.returncode != 0:
-        said = [line for line in proc.stderr.splitlines() if line.strip()]
+        said = [
+            line.replace(str(readable), str(config))
+            for line in proc.stderr.splitlines()
+            if line.strip()
+        ]
         raise ConfigError(
             f"{config}: `pt-train check` at the job's world size {world} ({how}) failed: "
             + " ".join(said[-3:] or [f"exit {proc.returncode}"])
