@@ -309,3 +309,34 @@ def slurm_cluster(tmp_path_factory):
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = old_conf
+
+
+@pytest.fixture
+def pt_slurm(monkeypatch):
+    """``pt-slurm ARGS`` run in this process (its console-script entry point, without the
+    second or so a new interpreter takes to import): the exit code, stdout and stderr."""
+    import contextlib
+    import io
+
+    from pt_slurm.cli import main
+
+    def run(*args, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        argv = ["pt-slurm", *map(str, args)]
+        out, err = io.StringIO(), io.StringIO()
+        with monkeypatch.context() as patch:
+            patch.setattr(sys, "argv", argv)
+            patch.setenv("COLUMNS", "80")
+            if cwd is not None:
+                patch.chdir(cwd)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    main()
+                    code = 0
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        proc = subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+        if check and code != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {code}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    return run

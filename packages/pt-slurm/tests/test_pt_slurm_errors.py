@@ -21,11 +21,11 @@ def refused(proc, *words: str) -> str:
 
 
 @pytest.mark.parametrize("verb", ["status", "logs", "cancel"])
-def test_a_path_that_is_no_run_directory(tmp_path, cli, verb):
-    refused(cli("pt-slurm", verb, tmp_path / "nowhere", check=False), "no such directory")
-    refused(cli("pt-slurm", verb, tmp_path, check=False), "is not a run directory of pt-slurm")
+def test_a_path_that_is_no_run_directory(tmp_path, pt_slurm, verb):
+    refused(pt_slurm(verb, tmp_path / "nowhere", check=False), "no such directory")
+    refused(pt_slurm(verb, tmp_path, check=False), "is not a run directory of pt-slurm")
     (tmp_path / "file").write_text("x")
-    refused(cli("pt-slurm", verb, tmp_path / "file", check=False), "is a file")
+    refused(pt_slurm(verb, tmp_path / "file", check=False), "is a file")
 
 
 @pytest.mark.parametrize(
@@ -36,16 +36,16 @@ def test_a_path_that_is_no_run_directory(tmp_path, cli, verb):
     ],
 )
 @pytest.mark.parametrize("verb", ["status", "logs", "cancel"])
-def test_an_empty_or_malformed_events_file(tmp_path, cli, verb, text, words):
+def test_an_empty_or_malformed_events_file(tmp_path, pt_slurm, verb, text, words):
     (tmp_path / "slurm").mkdir()
     (tmp_path / "slurm" / "events.jsonl").write_text(text)
-    refused(cli("pt-slurm", verb, tmp_path, check=False), *words)
+    refused(pt_slurm(verb, tmp_path, check=False), *words)
 
 
 @pytest.mark.parametrize("verb", ["status", "logs", "cancel"])
-def test_a_malformed_pipeline_record(tmp_path, cli, verb):
+def test_a_malformed_pipeline_record(tmp_path, pt_slurm, verb):
     (tmp_path / "pipeline.json").write_text('{"stages": 3')
-    refused(cli("pt-slurm", verb, tmp_path, check=False), "pipeline.json", "not a pipeline record")
+    refused(pt_slurm(verb, tmp_path, check=False), "pipeline.json", "not a pipeline record")
 
 
 def _config(tmp_path, text: str):
@@ -74,13 +74,13 @@ def _config(tmp_path, text: str):
         ("run_name: r\n", ["--stage", "train", "--stage", "train"], ["a stage is named twice"]),
     ],
 )
-def test_submit_of_a_config_that_cannot_run(tmp_path, cli, text, args, words):
+def test_submit_of_a_config_that_cannot_run(tmp_path, pt_slurm, text, args, words):
     path = tmp_path / "absent.yaml" if text is None else _config(tmp_path, text)
-    refused(cli("pt-slurm", "submit", path, *args, "--dry-run", check=False), *words)
+    refused(pt_slurm("submit", path, *args, "--dry-run", check=False), *words)
 
 
-def test_a_directory_given_as_the_config(tmp_path, cli):
-    refused(cli("pt-slurm", "submit", tmp_path, check=False), "is a directory, not a config file")
+def test_a_directory_given_as_the_config(tmp_path, pt_slurm):
+    refused(pt_slurm("submit", tmp_path, check=False), "is a directory, not a config file")
 
 
 @pytest.mark.parametrize(
@@ -100,18 +100,16 @@ def test_a_directory_given_as_the_config(tmp_path, cli):
         ([], ["stages"]),
     ],
 )
-def test_a_pipeline_that_cannot_run(tmp_path, cli, stages, words):
+def test_a_pipeline_that_cannot_run(tmp_path, pt_slurm, stages, words):
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump({"name": "p", "output_dir": str(tmp_path), "stages": stages}))
-    refused(cli("pt-slurm", "submit", path, "--dry-run", check=False), *words)
+    refused(pt_slurm("submit", path, "--dry-run", check=False), *words)
 
 
-def test_a_pipeline_file_with_stage_flags(tmp_path, cli):
+def test_a_pipeline_file_with_stage_flags(tmp_path, pt_slurm):
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump({"name": "p", "stages": [{"name": "a", "stage": "data"}]}))
-    refused(
-        cli("pt-slurm", "submit", path, "--stage", "eval", check=False), "--stage does not apply"
-    )
+    refused(pt_slurm("submit", path, "--stage", "eval", check=False), "--stage does not apply")
 
 
 @pytest.mark.parametrize(
@@ -124,33 +122,33 @@ def test_a_pipeline_file_with_stage_flags(tmp_path, cli):
         (["submitt", "x.yaml"], ["No such command 'submitt'"]),
     ],
 )
-def test_mistyped_flags_and_verbs(cli, args, words):
-    refused(cli("pt-slurm", *args, check=False), *words)
+def test_mistyped_flags_and_verbs(pt_slurm, args, words):
+    refused(pt_slurm(*args, check=False), *words)
 
 
-def test_logs_of_a_stage_of_a_single_run(tmp_path, cli):
+def test_logs_of_a_stage_of_a_single_run(tmp_path, pt_slurm):
     (tmp_path / "slurm").mkdir()
     (tmp_path / "slurm" / "events.jsonl").write_text('{"event":"submit"}\n')
-    refused(cli("pt-slurm", "logs", tmp_path, "--stage", "x", check=False), "is a single run")
+    refused(pt_slurm("logs", tmp_path, "--stage", "x", check=False), "is a single run")
 
 
 @pytest.mark.slurm
-def test_status_cancel_and_logs_after_a_failed_sbatch(slurm_cluster, tmp_path, cli):
+def test_status_cancel_and_logs_after_a_failed_sbatch(slurm_cluster, tmp_path, pt_slurm):
     """sbatch refuses the job (no such partition): submit says so; status says the run
     failed and why; cancel has nothing to cancel; logs has no job to show."""
     path = _config(
         tmp_path,
         f"run_name: r\noutput_dir: {tmp_path}\nslurm: {{partition: nosuch, command: 'true'}}\n",
     )
-    line = refused(cli("pt-slurm", "submit", path, check=False), "sbatch")
+    line = refused(pt_slurm("submit", path, check=False), "sbatch")
     assert "invalid partition" in line.lower()
     run_dir = tmp_path / "r"
 
-    status = cli("pt-slurm", "status", run_dir)
+    status = pt_slurm("status", run_dir)
     info = json.loads(status.stdout)
     assert info["status"] == "failed" and info["job_id"] is None
     assert info["reason"].startswith("sbatch failed:")
-    cancel = cli("pt-slurm", "cancel", run_dir)
+    cancel = pt_slurm("cancel", run_dir)
     assert json.loads(cancel.stdout)["cancelled"] is False
     assert "nothing to cancel: failed (sbatch failed:" in cancel.stderr
-    refused(cli("pt-slurm", "logs", run_dir, check=False), "has no job to show logs of")
+    refused(pt_slurm("logs", run_dir, check=False), "has no job to show logs of")

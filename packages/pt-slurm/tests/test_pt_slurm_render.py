@@ -35,8 +35,8 @@ def write(tmp_path: Path, slurm: dict, **top) -> Path:
     return path
 
 
-def dry_run(cli, config: Path, *args: str) -> str:
-    return cli("pt-slurm", "submit", config, *args, "--dry-run").stdout
+def dry_run(pt_slurm, config: Path, *args: str) -> str:
+    return pt_slurm("submit", config, *args, "--dry-run").stdout
 
 
 def sbatch_lines(script: str) -> list[str]:
@@ -68,8 +68,8 @@ TWO_NODES = {
 }
 
 
-def test_two_nodes_four_gpus_dry_run_has_the_sbatch_lines_and_rendezvous(tmp_path, cli):
-    script = dry_run(cli, write(tmp_path, TWO_NODES))
+def test_two_nodes_four_gpus_dry_run_has_the_sbatch_lines_and_rendezvous(tmp_path, pt_slurm):
+    script = dry_run(pt_slurm, write(tmp_path, TWO_NODES))
     run_dir = tmp_path / "runs" / "big"
     assert sbatch_lines(script) == [
         "--job-name=big",
@@ -115,8 +115,8 @@ def test_two_nodes_four_gpus_dry_run_has_the_sbatch_lines_and_rendezvous(tmp_pat
     shellcheck(script, tmp_path)
 
 
-def test_script_avoids_the_classic_requeue_bugs(tmp_path, cli):
-    script = dry_run(cli, write(tmp_path, TWO_NODES))
+def test_script_avoids_the_classic_requeue_bugs(tmp_path, pt_slurm):
+    script = dry_run(pt_slurm, write(tmp_path, TWO_NODES))
     body = [x.strip() for x in script.splitlines() if not x.strip().startswith("#")]
     # `set -e` would end the script on the step's failure, before the bookkeeping.
     assert not any(re.match(r"set -[a-z]*e", x) for x in body)
@@ -129,7 +129,7 @@ def test_script_avoids_the_classic_requeue_bugs(tmp_path, cli):
 
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed", "accelerate", "none"])
 @pytest.mark.parametrize("container", [False, True])
-def test_every_launcher_renders_a_shellcheck_clean_script(tmp_path, cli, launcher, container):
+def test_every_launcher_renders_a_shellcheck_clean_script(tmp_path, pt_slurm, launcher, container):
     slurm = {
         **TWO_NODES,
         "launcher": launcher,
@@ -142,7 +142,7 @@ def test_every_launcher_renders_a_shellcheck_clean_script(tmp_path, cli, launche
     }
     if container:
         slurm["container"] = {"image": "/images/pt.sif", "binds": ["/data:/data", "/scratch"]}
-    script = dry_run(cli, write(tmp_path, slurm))
+    script = dry_run(pt_slurm, write(tmp_path, slurm))
     lines = sbatch_lines(script)
     assert {"--constraint=a100&ib", "--exclusive"} <= set(lines)
     assert sbatch_lines(script)[-1] == "--reservation=maint"
@@ -162,7 +162,7 @@ def test_every_launcher_renders_a_shellcheck_clean_script(tmp_path, cli, launche
     shellcheck(script, tmp_path)
 
 
-def test_rollout_stage_turns_its_section_into_flags(tmp_path, cli):
+def test_rollout_stage_turns_its_section_into_flags(tmp_path, pt_slurm):
     config = write(
         tmp_path,
         {"nodes": 1},
@@ -174,7 +174,7 @@ def test_rollout_stage_turns_its_section_into_flags(tmp_path, cli):
             "stop": ["a", "b c"],
         },
     )
-    script = dry_run(cli, config, "--stage", "rollout")
+    script = dry_run(pt_slurm, config, "--stage", "rollout")
     line = re.search(r"exec (.*)", script.split("node_main() {")[1]).group(1)
     assert line.endswith(
         "pt-rollout generate --model runs/sft/inference/step-10 --prompts p.jsonl --n 4 "
@@ -184,15 +184,15 @@ def test_rollout_stage_turns_its_section_into_flags(tmp_path, cli):
     shellcheck(script, tmp_path)
 
 
-def test_overrides_reach_the_script(tmp_path, cli):
-    script = dry_run(cli, write(tmp_path, TWO_NODES), "slurm.nodes=3", "slurm.time=1-00:00:00")
+def test_overrides_reach_the_script(tmp_path, pt_slurm):
+    script = dry_run(pt_slurm, write(tmp_path, TWO_NODES), "slurm.nodes=3", "slurm.time=1-00:00:00")
     assert "--nodes=3" in sbatch_lines(script) and "--time=1-00:00:00" in sbatch_lines(script)
     assert "--nnodes=3" in script
 
 
-def test_an_unknown_slurm_key_names_file_line_and_the_fix(tmp_path, cli):
+def test_an_unknown_slurm_key_names_file_line_and_the_fix(tmp_path, pt_slurm):
     path = write(tmp_path, {"nodes": 2, "gpus_per_nod": 4})
-    proc = cli("pt-slurm", "submit", path, "--dry-run", check=False)
+    proc = pt_slurm("submit", path, "--dry-run", check=False)
     assert proc.returncode == 2
     line = path.read_text().splitlines().index("  gpus_per_nod: 4") + 1
     assert f"{path}:{line}" in proc.stderr and "slurm.gpus_per_node" in proc.stderr
@@ -212,15 +212,13 @@ def test_an_unknown_slurm_key_names_file_line_and_the_fix(tmp_path, cli):
         ({"constraint": "a100 && ib"}, "not a SLURM feature expression"),
     ],
 )
-def test_invalid_slurm_values_are_config_errors(tmp_path, cli, slurm, message):
-    proc = cli("pt-slurm", "submit", write(tmp_path, slurm), "--dry-run", check=False)
+def test_invalid_slurm_values_are_config_errors(tmp_path, pt_slurm, slurm, message):
+    proc = pt_slurm("submit", write(tmp_path, slurm), "--dry-run", check=False)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
-def test_a_stage_without_its_section_is_refused(tmp_path, cli):
-    proc = cli(
-        "pt-slurm", "submit", write(tmp_path, {}), "--stage", "eval", "--dry-run", check=False
-    )
+def test_a_stage_without_its_section_is_refused(tmp_path, pt_slurm):
+    proc = pt_slurm("submit", write(tmp_path, {}), "--stage", "eval", "--dry-run", check=False)
     assert proc.returncode == 2 and "'eval:'" in proc.stderr
 
 
@@ -241,7 +239,7 @@ def test_pt_slurm_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
 
 
-def test_pyxis_runs_the_step_in_an_enroot_container_with_the_run_dir_mounted(tmp_path, cli):
+def test_pyxis_runs_the_step_in_an_enroot_container_with_the_run_dir_mounted(tmp_path, pt_slurm):
     slurm = {
         **TWO_NODES,
         "container": {
@@ -251,7 +249,7 @@ def test_pyxis_runs_the_step_in_an_enroot_container_with_the_run_dir_mounted(tmp
             "options": ["--container-remap-root"],
         },
     }
-    script = dry_run(cli, write(tmp_path, slurm))
+    script = dry_run(pt_slurm, write(tmp_path, slurm))
     srun = next(x for x in script.splitlines() if x.startswith("srun "))
     run_dir, cwd = tmp_path / "runs" / "big", Path.cwd()
     assert srun.split()[-5:] == ["--container-remap-root", "bash", "-c", "node_main", "&"]
@@ -269,23 +267,23 @@ def test_pyxis_runs_the_step_in_an_enroot_container_with_the_run_dir_mounted(tmp
     shellcheck(script, tmp_path)
 
 
-def test_apptainer_on_amd_gpus_passes_rocm(tmp_path, cli):
+def test_apptainer_on_amd_gpus_passes_rocm(tmp_path, pt_slurm):
     slurm = {**TWO_NODES, "container": {"image": "/images/pt-rocm.sif", "gpu": "rocm"}}
-    script = dry_run(cli, write(tmp_path, slurm))
+    script = dry_run(pt_slurm, write(tmp_path, slurm))
     assert "apptainer exec --rocm --bind" in script and "--nv" not in script
     shellcheck(script, tmp_path)
 
 
-def test_help_shows_flags_without_a_value(tmp_path, cli):
+def test_help_shows_flags_without_a_value(tmp_path, pt_slurm):
     """A flag shown as `--dry-run <bool>` invites `--dry-run true`, whose `true` is then read
     as an override."""
     for verb in ("submit", "status", "logs", "cancel"):
-        text = cli("pt-slurm", verb, "--help", env={"COLUMNS": "120"}).stdout
+        text = pt_slurm(verb, "--help").stdout
         flags = [
             x for x in text.splitlines() if "--dry-run" in x or "--follow" in x or "--force" in x
         ]
         assert all("<bool>" not in x for x in flags), flags
-    proc = cli("pt-slurm", "submit", write(tmp_path, {}), "--dry-run", "true", check=False)
+    proc = pt_slurm("submit", write(tmp_path, {}), "--dry-run", "true", check=False)
     assert proc.returncode == 2 and "override 'true' has no '='" in proc.stderr
 
 
@@ -294,9 +292,9 @@ def _scripts(text: str) -> list[str]:
     return [part.split("\n", 1)[1] for part in text.split("# ===== stage ")[1:]]
 
 
-def test_the_example_pipeline_renders_three_chained_stages(tmp_path, cli):
+def test_the_example_pipeline_renders_three_chained_stages(tmp_path, pt_slurm):
     example = Path(__file__).resolve().parents[3] / "examples" / "slurm-pipeline" / "pipeline.yaml"
-    proc = cli("pt-slurm", "submit", example, "--dry-run", cwd=tmp_path)
+    proc = pt_slurm("submit", example, "--dry-run", cwd=tmp_path)
     assert "# ===== stage 2 of 3: train, after stage 'data' succeeds" in proc.stdout
     data, train, evaluate = _scripts(proc.stdout)
     root = tmp_path / "runs" / "quickstart"
@@ -318,13 +316,13 @@ def test_the_example_pipeline_renders_three_chained_stages(tmp_path, cli):
         shellcheck(script, tmp_path)
 
 
-def test_repeated_stage_flags_chain_stages_of_one_config(tmp_path, cli):
+def test_repeated_stage_flags_chain_stages_of_one_config(tmp_path, pt_slurm):
     config = write(
         tmp_path,
         {"nodes": 1},
         eval={"benchmark": "b.jsonl", "n": 2},
     )
-    proc = cli("pt-slurm", "submit", config, "--stage", "train", "--stage", "eval", "--dry-run")
+    proc = pt_slurm("submit", config, "--stage", "train", "--stage", "eval", "--dry-run")
     train, evaluate = _scripts(proc.stdout)
     root = tmp_path / "runs" / "big"
     assert f"RUN_DIR={root}/train" in train and f"RUN_DIR={root}/eval" in evaluate

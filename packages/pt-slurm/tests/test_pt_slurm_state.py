@@ -260,3 +260,17 @@ def test_freeze_keeps_the_stage_copy_and_refuses_changed_values(tmp_path):
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["training"] == {
         "learning_rate": 3e-5
     }
+
+
+def test_a_requeue_says_what_was_saved(tmp_path):
+    got = decide(
+        tmp_path,
+        exit_code=REQUEUE_EXIT_CODE,
+        signals="USR1",
+        PROGRESS_FILE="/r/checkpoints/latest",
+        progress_at_start="step-30",
+        progress_now="step-40",
+    )
+    assert (
+        got["reason"] == "SIGUSR1, exit 85: latest now step-40, continuing (requeue 1 of at most 5)"
+    )

@@ -28,9 +28,9 @@ def write(tmp_path: Path, training: dict, **slurm) -> Path:
 
 
 @pytest.mark.slurm
-def test_a_mistyped_training_key_is_refused_before_sbatch(slurm_cluster, tmp_path, cli):
+def test_a_mistyped_training_key_is_refused_before_sbatch(slurm_cluster, tmp_path, pt_slurm):
     path = write(tmp_path, {"learnin_rate": 1e-5})
-    proc = cli("pt-slurm", "submit", path, check=False)
+    proc = pt_slurm("submit", path, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line = path.read_text().splitlines().index("  learnin_rate: 1.0e-05") + 1
     assert f"{path}:{line}" in proc.stderr and "training.learning_rate" in proc.stderr
@@ -39,17 +39,17 @@ def test_a_mistyped_training_key_is_refused_before_sbatch(slurm_cluster, tmp_pat
 
 
 @pytest.mark.slurm
-def test_a_batch_the_jobs_world_size_does_not_divide_is_refused(slurm_cluster, tmp_path, cli):
+def test_a_batch_the_jobs_world_size_does_not_divide_is_refused(slurm_cluster, tmp_path, pt_slurm):
     """2 nodes x 3 ranks = 6 ranks of micro-batch 1 cannot make a global batch of 8; on
     one node of 4 ranks it can (8 = 1 x 4 x 2 accumulation steps)."""
     path = write(tmp_path, {"micro_batch_size": 1}, nodes=2, procs_per_node=3)
-    proc = cli("pt-slurm", "submit", path, check=False)
+    proc = pt_slurm("submit", path, check=False)
     assert proc.returncode == 2
     message = " ".join(proc.stderr.split())
     assert "at the job's world size 6 (2 node(s) x 3 rank(s))" in message
     assert "global_batch_size=8 is not divisible" in message
     assert slurm_cluster.job_ids_named("pt-checked") == []
-    ok = cli("pt-slurm", "submit", path, "slurm.nodes=1", "slurm.procs_per_node=4", "--dry-run")
+    ok = pt_slurm("submit", path, "slurm.nodes=1", "slurm.procs_per_node=4", "--dry-run")
     assert "world size 4 (1 node(s) x 4 rank(s)): 2 accumulation step(s)" in " ".join(
         ok.stderr.split()
     )
@@ -108,31 +108,31 @@ def test_checking_a_train_config_does_not_import_torch(tmp_path):
         ({"n": 4}, "Missing option '--benchmark'"),
     ],
 )
-def test_an_eval_stage_whose_options_do_not_parse_is_refused(tmp_path, cli, options, message):
+def test_an_eval_stage_whose_options_do_not_parse_is_refused(tmp_path, pt_slurm, options, message):
     path = tmp_path / "eval.yaml"
     path.write_text(
         yaml.safe_dump(
             {"run_name": "ev", "output_dir": str(tmp_path), "eval": {"model": "m", **options}}
         )
     )
-    proc = cli("pt-slurm", "submit", path, "--stage", "eval", "--dry-run", check=False)
+    proc = pt_slurm("submit", path, "--stage", "eval", "--dry-run", check=False)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "options do not parse as `pt-eval run` options" in proc.stderr
 
 
-def test_a_mistyped_option_is_refused_with_the_one_meant(tmp_path, cli):
+def test_a_mistyped_option_is_refused_with_the_one_meant(tmp_path, pt_slurm):
     path = tmp_path / "eval.yaml"
     eval_options = {"model": "m", "benchmark": "b.jsonl", "temprature": 0.6}
     path.write_text(
         yaml.safe_dump({"run_name": "ev", "output_dir": str(tmp_path), "eval": eval_options})
     )
-    proc = cli("pt-slurm", "submit", path, "--stage", "eval", "--dry-run", check=False)
+    proc = pt_slurm("submit", path, "--stage", "eval", "--dry-run", check=False)
     assert proc.returncode == 2, proc.stderr
     assert "eval.temprature: `pt-eval run` has no option --temprature" in proc.stderr
     assert "did you mean --temperature?" in proc.stderr
 
 
-def test_an_unknown_option_is_refused_even_when_false(tmp_path, cli):
+def test_an_unknown_option_is_refused_even_when_false(tmp_path, pt_slurm):
     """`last_number: false` would leave the flag out, so the command line alone would never
     show that `pt-eval run` has no such option (it is `pt-eval grade`'s)."""
     path = tmp_path / "eval.yaml"
@@ -140,12 +140,12 @@ def test_an_unknown_option_is_refused_even_when_false(tmp_path, cli):
     path.write_text(
         yaml.safe_dump({"run_name": "ev", "output_dir": str(tmp_path), "eval": eval_options})
     )
-    proc = cli("pt-slurm", "submit", path, "--stage", "eval", "--dry-run", check=False)
+    proc = pt_slurm("submit", path, "--stage", "eval", "--dry-run", check=False)
     assert proc.returncode == 2, proc.stderr
     assert "eval.last_number: `pt-eval run` has no option --last-number" in proc.stderr
 
 
-def test_a_data_stage_checks_the_data_config(tmp_path, cli):
+def test_a_data_stage_checks_the_data_config(tmp_path, pt_slurm):
     path = tmp_path / "data.yaml"
     path.write_text(
         "run_name: build\n"
@@ -155,12 +155,12 @@ def test_a_data_stage_checks_the_data_config(tmp_path, cli):
         "    - source: rows.jsonl\n"
         "  shufle: false\n"
     )
-    proc = cli("pt-slurm", "submit", path, "--stage", "data", "--dry-run", check=False)
+    proc = pt_slurm("submit", path, "--stage", "data", "--dry-run", check=False)
     assert proc.returncode == 2
     assert f"{path}:6" in proc.stderr and "data.shuffle" in proc.stderr
 
 
-def test_an_eval_section_beside_the_training_keys_keeps_their_lines_in_errors(tmp_path, cli):
+def test_an_eval_section_beside_the_training_keys_keeps_their_lines_in_errors(tmp_path, pt_slurm):
     """pt-train's schema knows no eval: section; it is checked without it, and a mistake
     after it is still named by its own line in the user's file."""
     path = tmp_path / "train.yaml"
@@ -173,8 +173,6 @@ def test_an_eval_section_beside_the_training_keys_keeps_their_lines_in_errors(tm
         "model: {name_or_path: some/model}\n"
         "training: {max_steps: 10, warmup_ratoi: 0.1}\n"
     )
-    proc = cli(
-        "pt-slurm", "submit", path, "--stage", "train", "--stage", "eval", "--dry-run", check=False
-    )
+    proc = pt_slurm("submit", path, "--stage", "train", "--stage", "eval", "--dry-run", check=False)
     assert proc.returncode == 2
     assert f"{path}:7" in proc.stderr and "training.warmup_ratio" in proc.stderr

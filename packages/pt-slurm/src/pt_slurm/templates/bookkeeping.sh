@@ -125,7 +125,11 @@ pt_decide() {
     fi
     if [ "$exit_code" -eq "$REQUEUE_EXIT_CODE" ] || [[ ,$signals, == *,USR1,* ]]; then
         local asked="exit $exit_code"
-        if [[ ,$signals, == *,USR1,* ]]; then asked="SIGUSR1, exit $exit_code"; fi
+        if [ "$phase" = setup ]; then
+            asked="SIGUSR1 before the step started"
+        elif [[ ,$signals, == *,USR1,* ]]; then
+            asked="SIGUSR1, exit $exit_code"
+        fi
         if [ -n "$PROGRESS_FILE" ] && [ "$progress_now" = "$progress_at_start" ]; then
             what="$asked without progress (${PROGRESS_FILE##*/} still ${progress_now:-absent})"
         elif [ "$requeues" -ge "$MAX_REQUEUES" ]; then
@@ -135,7 +139,9 @@ pt_decide() {
         else
             requeues=$((requeues + 1))
             action=requeue status=requeued
-            reason="$asked: checkpoint saved, continuing (requeue $requeues of at most $MAX_REQUEUES)"
+            local saved=""
+            if [ -n "$PROGRESS_FILE" ]; then saved="${PROGRESS_FILE##*/} now ${progress_now:-absent}, "; fi
+            reason="$asked: ${saved}continuing (requeue $requeues of at most $MAX_REQUEUES)"
             return
         fi
     elif [ "$phase" = setup ]; then
