@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -83,20 +82,15 @@ def runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
         jobs[name] = json.loads(proc.stdout)
 
     signalled = Path(jobs["signalled"]["path"])
-    _wait(lambda: len(_metrics(signalled)) >= 5, "the signalled run to train a few steps")
+    slurm_cluster.wait_until(
+        lambda: len(_metrics(signalled)) >= 5, "the signalled run to train a few steps", 360
+    )
     slurm_cluster.signal_batch(jobs["signalled"]["job_id"], "USR1")
     for manifest in jobs.values():
-        _wait(lambda m=manifest: _final(slurm_cluster, m), f"job {manifest['job_id']} to end")
+        slurm_cluster.wait_until(
+            lambda m=manifest: _final(slurm_cluster, m), f"job {manifest['job_id']} to end", 360
+        )
     return jobs
-
-
-def _wait(predicate, what, timeout=360):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _final(cluster, manifest) -> bool:

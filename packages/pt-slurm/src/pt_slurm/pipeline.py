@@ -43,6 +43,13 @@ from pt_slurm.render import INPUT_KINDS, OPTION_MAPPINGS, OUTPUT_KIND
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+def _plain_name(value: str) -> str:
+    """Names that become directories: letters, digits, . _ - (no '/', no leading dot)."""
+    if not _NAME_RE.match(value):
+        raise ValueError("must be a plain directory name (letters, digits, . _ -)")
+    return value
+
+
 class StageSpec(Section):
     name: str
     stage: Literal["data", "train", "rollout", "eval"]
@@ -53,12 +60,7 @@ class StageSpec(Section):
     rollout: dict[str, Any] | None = None  # the command's options (rollout/eval stages)
     eval: dict[str, Any] | None = None
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
-            raise ValueError("a stage name is a plain directory name (letters, digits, . _ -)")
-        return value
+    _name = field_validator("name")(classmethod(lambda cls, value: _plain_name(value)))
 
 
 class PipelineFile(Section):
@@ -67,12 +69,7 @@ class PipelineFile(Section):
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
     stages: list[StageSpec] = Field(min_length=1)
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
-            raise ValueError("the pipeline name is a plain directory name (letters, digits, . _ -)")
-        return value
+    _name = field_validator("name")(classmethod(lambda cls, value: _plain_name(value)))
 
 
 @dataclass
