@@ -185,7 +185,7 @@ pt_record_requeue_failed() {
 }
 
 # pt_read_input FILE: PT_INPUT = the "path" of the upstream stage's manifest in FILE.
-# shellcheck disable=SC2329  # used by the stages of a pipeline that take an input
+# shellcheck disable=SC2317,SC2329  # used by the stages of a pipeline that take an input
 pt_read_input() {
     local manifest="" path_re='"path": *"([^"\\]*)"'
     PT_INPUT=""
