@@ -134,6 +134,10 @@ def test_submitted_run_completes_with_config_script_logs_and_inference_checkpoin
     line = next(x for x in out.splitlines() if x.startswith('0: [default0]:{"kind"'))
     manifest = json.loads(line.removeprefix("0: [default0]:"))
     assert manifest == json.loads((run_dir / "slurm" / "manifest.json").read_text())
+    # and torchrun kept each rank's own log: one rank, one run
+    (rank_log,) = (run_dir / "slurm" / "ranks").rglob("stdout.log")
+    assert rank_log.is_relative_to(run_dir / "slurm" / "ranks" / f"{job_id}-0" / "node-0")
+    assert json.loads(rank_log.read_text().splitlines()[-1]) == manifest
     assert manifest["kind"] == "checkpoint" and manifest["step"] == STEPS
     inference = run_dir / "inference" / f"step-{STEPS}"
     assert Path(manifest["path"]) == inference.resolve()
