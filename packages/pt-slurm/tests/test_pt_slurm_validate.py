@@ -91,11 +91,18 @@ def test_without_pt_train_or_its_command_the_check_is_said_to_be_skipped(tmp_pat
     )
 
 
-def test_checking_a_train_config_does_not_import_torch(tmp_path):
+def test_pt_train_is_imported_only_to_check_a_train_stage(tmp_path):
+    """pt-slurm checks an eval stage's options without pt_train (or torch); only a train
+    stage's check imports pt_train's config module."""
+    evaluate = tmp_path / "eval.yaml"
+    evaluate.write_text(
+        yaml.safe_dump({"run_name": "ev", "eval": {"model": "m", "benchmark": "b.jsonl"}})
+    )
     code = (
         "import sys; from pt_slurm.submit import prepare; "
+        f"prepare({str(evaluate)!r}, [], ['eval']); "
+        "assert 'pt_train' not in sys.modules and 'torch' not in sys.modules; "
         f"prepare({str(write(tmp_path, {}))!r}, []); "
-        "assert 'torch' not in sys.modules, 'torch imported'; "
         "assert 'pt_train.config' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
