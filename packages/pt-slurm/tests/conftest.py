@@ -10,14 +10,17 @@ do not run as root, the ``slurm`` tests are skipped with the reason, unless
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "scontrol", "squeue", "scancel", "sinfo")
@@ -206,6 +209,87 @@ class LocalSlurm:
     def signal_batch(self, job_id: str, sig: str = "USR1") -> None:
         subprocess.run(["scancel", f"--signal={sig}", "--batch", str(job_id)], check=True)
 
+    # ----------------------------------------------------------------- waiting
+
+    @staticmethod
+    def wait_until(predicate, what: str, timeout: float = 180):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def wait_final(self, job_id: str, run_dir, timeout: float = 180) -> dict:
+        """Wait until SLURM has finished with the job and its events say it is over; the
+        run's state."""
+        from pt_slurm.state import FINAL_STATUSES, read_state
+
+        def over():
+            st = read_state(run_dir)
+            finished = self.job(job_id).get("JobState") in ENDED
+            return st if finished and st["status"] in FINAL_STATUSES else None
+
+        return self.wait_until(over, f"job {job_id} to finish", timeout)
+
+
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+STANDIN = Path(__file__).with_name("standin.py")
+PT_SLURM = os.path.join(os.path.dirname(sys.executable), "pt-slurm")
+
+
+class Standin:
+    """Runs of the stand-in stage (tests/standin.py), judged like a pt stage: finished
+    when it printed its manifest, making progress when its checkpoint file changes."""
+
+    pt_slurm = PT_SLURM
+    path = STANDIN
+
+    @staticmethod
+    def config(root: Path, name: str, standin: dict, **slurm) -> Path:
+        config = {
+            "run_name": name,
+            "output_dir": str(root / "runs"),
+            "standin": standin,
+            "slurm": {
+                "job_name": name,
+                "command": f"{sys.executable} {STANDIN} {{config}}",
+                "launcher": "none",
+                "completion": "manifest",
+                "progress": "checkpoint",
+                **slurm,
+            },
+        }
+        path = root / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    @staticmethod
+    def submit(config: Path, *overrides: str, env: dict | None = None) -> dict:
+        """``pt-slurm submit``; its manifest, the only line on stdout."""
+        proc = subprocess.run(
+            [PT_SLURM, "submit", str(config), *overrides],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert len(lines) == 1, proc.stdout
+        return json.loads(lines[0])
+
+    @staticmethod
+    def steps(run_dir) -> list[int]:
+        """The steps done, in the order they were done (steps.log)."""
+        path = Path(run_dir) / "steps.log"
+        return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+@pytest.fixture(scope="session")
+def standin():
+    return Standin
+
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
@@ -225,3 +309,34 @@ def slurm_cluster(tmp_path_factory):
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = old_conf
+
+
+@pytest.fixture
+def pt_slurm(monkeypatch):
+    """``pt-slurm ARGS`` run in this process (its console-script entry point, without the
+    second or so a new interpreter takes to import): the exit code, stdout and stderr."""
+    import contextlib
+    import io
+
+    from pt_slurm.cli import main
+
+    def run(*args, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        argv = ["pt-slurm", *map(str, args)]
+        out, err = io.StringIO(), io.StringIO()
+        with monkeypatch.context() as patch:
+            patch.setattr(sys, "argv", argv)
+            patch.setenv("COLUMNS", "80")
+            if cwd is not None:
+                patch.chdir(cwd)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    main()
+                    code = 0
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        proc = subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+        if check and code != 0:
+            raise AssertionError(f"{' '.join(argv)} exited {code}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    return run

@@ -5,96 +5,38 @@ retried up to max_failures, a success resets the count, a cancel is not requeued
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import yaml
+
+from pt_slurm.state import read_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-STANDIN = Path(__file__).with_name("standin.py")
-PT_SLURM = os.path.join(os.path.dirname(sys.executable), "pt-slurm")
 
-
-def write_config(root: Path, name: str, standin: dict, **slurm) -> Path:
-    config = {
-        "run_name": name,
-        "output_dir": str(root / "runs"),
-        "standin": standin,
-        "slurm": {
-            "job_name": name,
-            "command": f"{sys.executable} {STANDIN} {{config}}",
-            "launcher": "none",
-            **slurm,
-        },
-    }
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def submit(cli, config: Path, *overrides: str) -> dict:
-    proc = cli("pt-slurm", "submit", config, *overrides)
-    lines = proc.stdout.splitlines()
-    assert len(lines) == 1, proc.stdout  # stdout carries the manifest only
-    return json.loads(lines[0])
-
-
-def state(run_dir) -> dict:
-    return json.loads((Path(run_dir) / "slurm" / "state.json").read_text())
-
-
-def wait_until(predicate, what: str, timeout: float = 180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def wait_final(cluster, job_id: str, run_dir, timeout: float = 180) -> dict:
-    """Wait until SLURM has finished with the job and the state file says it is over."""
-
-    def over():
-        st = state(run_dir)
-        job = cluster.job(job_id)
-        finished = job.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
-        return (
-            st
-            if finished and st["status"] in ("completed", "failed", "stopped", "cancelled")
-            else None
-        )
-
-    return wait_until(over, f"job {job_id} to finish", timeout)
-
-
-def steps_done(run_dir) -> list[int]:
-    path = Path(run_dir) / "steps.log"
-    return [int(x) for x in path.read_text().split()] if path.exists() else []
-
-
-def test_early_signal_checkpoints_requeues_and_resumes_as_one_job(slurm_cluster, tmp_path, cli):
+def test_early_signal_checkpoints_requeues_and_resumes_as_one_job(
+    slurm_cluster, tmp_path, cli, standin
+):
     steps = 40
-    config = write_config(tmp_path, "sig", {"steps": steps, "step_seconds": 0.25})
-    manifest = submit(cli, config)
+    config = standin.config(tmp_path, "sig", {"steps": steps, "step_seconds": 0.25})
+    manifest = standin.submit(config)
     job_id, run_dir = manifest["job_id"], manifest["path"]
     assert manifest["kind"] == "job" and Path(run_dir) == tmp_path / "runs" / "sig"
     follower = subprocess.Popen(
-        [PT_SLURM, "logs", run_dir, "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [standin.pt_slurm, "logs", run_dir, "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
 
-    wait_until(lambda: len(steps_done(run_dir)) >= 3, "the stand-in to make progress")
+    slurm_cluster.wait_until(
+        lambda: len(standin.steps(run_dir)) >= 3, "the stand-in to make progress"
+    )
     slurm_cluster.signal_batch(job_id, "USR1")  # what --signal=B:USR1@N does before the wall time
-    st = wait_final(slurm_cluster, job_id, run_dir)
+    st = slurm_cluster.wait_final(job_id, run_dir)
 
     # Resumed from its checkpoint: every step done exactly once, in order, to the end.
-    assert steps_done(run_dir) == list(range(1, steps + 1))
+    assert standin.steps(run_dir) == list(range(1, steps + 1))
     assert st["status"] == "completed" and st["requeues"] == 1 and st["failures"] == 0
     assert st["job_ids"] == [job_id]
     assert [r["outcome"] for r in st["runs"]] == ["requeue", "done"]
@@ -116,11 +58,13 @@ def test_early_signal_checkpoints_requeues_and_resumes_as_one_job(slurm_cluster,
     assert followed.decode() == logs.stdout
 
 
-def test_failures_are_retried_up_to_max_failures_then_the_job_stops(slurm_cluster, tmp_path, cli):
-    config = write_config(tmp_path, "fail", {"steps": 3, "fail_first": 99}, max_failures=3)
-    manifest = submit(cli, config)
+def test_failures_are_retried_up_to_max_failures_then_the_job_stops(
+    slurm_cluster, tmp_path, cli, standin
+):
+    config = standin.config(tmp_path, "fail", {"steps": 3, "fail_first": 99}, max_failures=3)
+    manifest = standin.submit(config)
     job_id, run_dir = manifest["job_id"], manifest["path"]
-    st = wait_final(slurm_cluster, job_id, run_dir)
+    st = slurm_cluster.wait_final(job_id, run_dir)
 
     assert st["status"] == "failed" and st["failures"] == 3 and st["requeues"] == 0
     assert [r["exit_code"] for r in st["runs"]] == [3, 3, 3]
@@ -135,25 +79,27 @@ def test_failures_are_retried_up_to_max_failures_then_the_job_stops(slurm_cluste
     assert status["status"] == "failed" and status["failures"] == 3
 
 
-def test_a_success_resets_the_failure_count(slurm_cluster, tmp_path, cli):
-    config = write_config(tmp_path, "flaky", {"steps": 3, "fail_first": 2}, max_failures=3)
-    manifest = submit(cli, config)
+def test_a_success_resets_the_failure_count(slurm_cluster, tmp_path, cli, standin):
+    config = standin.config(tmp_path, "flaky", {"steps": 3, "fail_first": 2}, max_failures=3)
+    manifest = standin.submit(config)
     job_id, run_dir = manifest["job_id"], manifest["path"]
-    st = wait_final(slurm_cluster, job_id, run_dir)
+    st = slurm_cluster.wait_final(job_id, run_dir)
 
     # Two failures counted (1, then 2 of 3 allowed), then the third start succeeds.
     assert [r["exit_code"] for r in st["runs"]] == [3, 3, 0]
     assert st["status"] == "completed" and st["failures"] == 0
-    assert steps_done(run_dir) == [1, 2, 3]
+    assert standin.steps(run_dir) == [1, 2, 3]
     assert slurm_cluster.job(job_id)["JobState"] == "COMPLETED"
 
 
-def test_cancel_stops_the_job_without_a_requeue(slurm_cluster, tmp_path, cli):
+def test_cancel_stops_the_job_without_a_requeue(slurm_cluster, tmp_path, cli, standin):
     """The stand-in saves and exits 85 on SIGTERM too; a cancel must still not requeue."""
-    config = write_config(tmp_path, "cancel", {"steps": 400, "step_seconds": 0.25})
-    manifest = submit(cli, config)
+    config = standin.config(tmp_path, "cancel", {"steps": 400, "step_seconds": 0.25})
+    manifest = standin.submit(config)
     job_id, run_dir = manifest["job_id"], manifest["path"]
-    wait_until(lambda: len(steps_done(run_dir)) >= 2, "the stand-in to make progress")
+    slurm_cluster.wait_until(
+        lambda: len(standin.steps(run_dir)) >= 2, "the stand-in to make progress"
+    )
 
     # A second job on the same run dir would write the same checkpoints: refused.
     again = cli("pt-slurm", "submit", config, check=False)
@@ -161,7 +107,7 @@ def test_cancel_stops_the_job_without_a_requeue(slurm_cluster, tmp_path, cli):
 
     out = json.loads(cli("pt-slurm", "cancel", run_dir).stdout)
     assert out["status"] == "cancelled" and out["job_id"] == job_id
-    st = wait_final(slurm_cluster, job_id, run_dir)
+    st = slurm_cluster.wait_final(job_id, run_dir)
 
     assert st["status"] == "cancelled" and st["requeues"] == 0
     assert len(st["runs"]) == 1 and st["runs"][0]["outcome"] == "stop"
@@ -169,28 +115,38 @@ def test_cancel_stops_the_job_without_a_requeue(slurm_cluster, tmp_path, cli):
     assert slurm_cluster.job(job_id)["Restarts"] == "0"
 
 
-def test_a_signal_before_the_step_starts_requeues_without_starting_it(slurm_cluster, tmp_path, cli):
+def test_a_signal_before_the_step_starts_requeues_without_starting_it(
+    slurm_cluster, tmp_path, cli, standin
+):
     """The traps are set first thing: a USR1 while the environment is being set up
-    (here a slow setup line) requeues the job instead of killing the batch shell."""
-    config = write_config(tmp_path, "early", {"steps": 3}, setup=["echo setting-up >&2", "sleep 3"])
-    manifest = submit(cli, config)
+    (here a slow setup line) requeues the job instead of killing the batch shell. Nothing
+    was saved, so the requeue counts as a failure (1 of 3), not as progress."""
+    config = standin.config(
+        tmp_path, "early", {"steps": 3}, setup=["echo setting-up >&2", "sleep 3"]
+    )
+    manifest = standin.submit(config)
     job_id, run_dir = manifest["job_id"], manifest["path"]
     err = Path(run_dir) / "slurm" / f"slurm-{job_id}.err"
-    wait_until(lambda: err.exists() and "setting-up" in err.read_text(), "the setup to begin")
+    slurm_cluster.wait_until(
+        lambda: err.exists() and "setting-up" in err.read_text(), "the setup to begin"
+    )
     slurm_cluster.signal_batch(job_id, "USR1")
-    st = wait_final(slurm_cluster, job_id, run_dir)
+    st = slurm_cluster.wait_final(job_id, run_dir)
 
     assert [r["outcome"] for r in st["runs"]] == ["requeue", "done"]
-    assert st["runs"][0]["exit_code"] == 85 and st["requeues"] == 1
+    first = st["runs"][0]
+    assert first["phase"] == "setup" and first["signals"] == ["USR1"]
+    assert "without progress" in first["reason"] and "failure 1 of 3" in first["reason"]
     assert (Path(run_dir) / "starts").read_text() == "1"  # the stage ran once, after the requeue
     assert st["status"] == "completed" and slurm_cluster.job(job_id)["Restarts"] == "1"
+    assert st["failures"] == 0  # the run that finished reset the count
 
 
-def test_wall_time_signal_requeues_before_the_limit(slurm_cluster, tmp_path, cli):
+def test_wall_time_signal_requeues_before_the_limit(slurm_cluster, tmp_path, cli, standin):
     """The real path: SLURM itself sends SIGUSR1 signal_seconds before --time runs out.
     (SLURM checks limits about every 30 s, so the run is given a 2-minute limit and
     the signal 100 s before it.)"""
-    config = write_config(
+    config = standin.config(
         tmp_path,
         "walltime",
         {"steps": 2000, "step_seconds": 0.25},
@@ -198,17 +154,17 @@ def test_wall_time_signal_requeues_before_the_limit(slurm_cluster, tmp_path, cli
         signal_seconds=100,
         max_failures=1,
     )
-    manifest = submit(cli, config)
+    manifest = standin.submit(config)
     job_id, run_dir = manifest["job_id"], manifest["path"]
-    st = wait_until(
-        lambda: (s := state(run_dir))["requeues"] >= 1 and s["status"] == "running" and s,
+    st = slurm_cluster.wait_until(
+        lambda: (s := read_state(run_dir))["requeues"] >= 1 and s["status"] == "running" and s,
         "the job to be signalled and started again",
         timeout=150,
     )
     assert st["runs"][0]["signals"] == ["USR1"] and st["runs"][0]["outcome"] == "requeue"
     assert st["job_ids"] == [job_id] and st["failures"] == 0
-    done = steps_done(run_dir)
+    done = standin.steps(run_dir)
     assert done == list(range(1, len(done) + 1))  # resumed after the checkpoint, no step twice
     cli("pt-slurm", "cancel", run_dir)
-    wait_final(slurm_cluster, job_id, run_dir)
+    slurm_cluster.wait_final(job_id, run_dir)
     assert slurm_cluster.job_ids_named("walltime") == [job_id]

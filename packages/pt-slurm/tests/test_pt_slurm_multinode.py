@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+
+from pt_slurm.state import read_state
 
 pytest.importorskip("torch.distributed", reason="the distributed stand-in needs torch")
 
@@ -20,16 +21,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STANDIN = Path(__file__).with_name("standin_dist.py")
 STEPS = 30
-
-
-def _wait(predicate, what, timeout=240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _steps(run_dir: Path) -> list[tuple[int, float]]:
@@ -63,14 +54,16 @@ def test_two_node_job_rendezvous_and_self_healing(
     job_id, run_dir = manifest["job_id"], Path(manifest["path"])
 
     if signalled:
-        _wait(lambda: len(_steps(run_dir)) >= 3, "the two ranks to make progress")
+        slurm_cluster.wait_until(
+            lambda: len(_steps(run_dir)) >= 3, "the two ranks to make progress", 240
+        )
         slurm_cluster.signal_batch(job_id, "USR1")
 
     def finished():
-        st = json.loads((run_dir / "slurm" / "state.json").read_text())
+        st = read_state(run_dir)
         return st if slurm_cluster.job(job_id).get("JobState") == "COMPLETED" else None
 
-    st = _wait(finished, "the job to complete")
+    st = slurm_cluster.wait_until(finished, "the job to complete", timeout=240)
 
     starts = [json.loads(x) for x in (run_dir / "starts.jsonl").read_text().splitlines()]
     assert len(starts) == (2 if signalled else 1)  # signalled: requeued and started again

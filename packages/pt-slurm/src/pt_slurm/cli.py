@@ -2,6 +2,7 @@
 
     pt-slurm submit train.yaml slurm.nodes=2 slurm.time=04:00:00
     pt-slurm submit train.yaml --dry-run          # print the script, submit nothing
+    pt-slurm submit pipeline.yaml                 # stages chained with afterok
     pt-slurm status runs/sft-8b
     pt-slurm logs runs/sft-8b -f
     pt-slurm cancel runs/sft-8b
@@ -12,6 +13,7 @@ This module only parses arguments and calls library functions.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -23,98 +25,115 @@ from pt_slurm import __version__
 app = make_app("pt-slurm", "Render, submit and watch self-requeueing SLURM jobs.", __version__)
 
 
+def _flag(name: str, help: str, *short: str) -> Any:
+    """An on/off flag that takes no value (shown without a type, so that no one writes
+    `--dry-run true` and has `true` read as an override)."""
+    return typer.Option(False, name, *short, metavar="", help=help)
+
+
 @app.command()
 def submit(
-    config: Path = typer.Argument(..., help="Run config (YAML) with a slurm: section."),
+    config: Path = typer.Argument(
+        ..., help="Run config (YAML) with a slurm: section, or a pipeline file (stages:)."
+    ),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
-    stage: str = typer.Option("train", "--stage", help="train, rollout or eval."),
-    dry_run: bool = typer.Option(
-        False, "--dry-run", help="Print the sbatch script on stdout; write and submit nothing."
+    stage: list[str] = typer.Option(
+        None,
+        "--stage",
+        help="data, train, rollout or eval (default: train); repeat it to chain stages of "
+        "this config, each after the one before.",
     ),
-    force: bool = typer.Option(
-        False, "--force", help="Replace a frozen config.yaml whose values differ."
+    dry_run: bool = _flag(
+        "--dry-run", "Print the sbatch script(s) on stdout; write and submit nothing."
     ),
+    force: bool = _flag("--force", "Replace a frozen config.yaml whose values differ."),
 ) -> None:
-    """Freeze the config into the run dir, write slurm/job.sh and sbatch it; print the
-    job manifest."""
-    from pt_slurm.submit import prepare
+    """Check each stage's config at the job's world size, freeze it into the run dir,
+    write slurm/job.sh and sbatch it; print the job manifest."""
+    from pt_slurm.submit import dry_run_text, prepare
     from pt_slurm.submit import submit as submit_run
 
     overrides = split_overrides(overrides)
     if dry_run:
-        _run, _run_dir, script, _data = prepare(config, overrides, stage=stage)
-        typer.echo(script, nl=False)
+        rendered, _root = prepare(config, overrides, list(stage or []))
+        typer.echo(dry_run_text(rendered), nl=False)
         return
-    manifest = submit_run(config, overrides, stage=stage, force=force)
-    console.print(f"submitted job {manifest['job_id']}: {manifest['path']}")
+    manifest = submit_run(config, overrides, stages=list(stage or []), force=force)
+    for item in manifest.get("stages", []):
+        console.print(f"submitted job {item['job_id']}: stage {item['name']} in {item['path']}")
+    if "stages" not in manifest:
+        console.print(f"submitted job {manifest['job_id']}: {manifest['path']}")
     emit_manifest(**manifest)
 
 
+def _describe(info: dict) -> str:
+    slurm = info["slurm_state"] or (
+        "unknown: " + info["slurm_error"] if info["slurm_error"] else "unknown"
+    )
+    if info["slurm_reason"]:
+        slurm += f", reason {info['slurm_reason']}"
+    limits = ""
+    if info["max_failures"] is not None:
+        limits = (
+            f", {info['requeues']} requeue(s) of at most {info['max_requeues']}, "
+            f"{info['failures']} failure(s) of {info['max_failures']} allowed"
+        )
+    return f"job {info['job_id'] or '-'}: {info['status']} (SLURM: {slurm}){limits}"
+
+
 @app.command()
-def status(run_dir: Path = typer.Argument(..., help="Run directory.")) -> None:
-    """The run's state, job id, requeues, failures and last metrics line."""
+def status(
+    path: Path = typer.Argument(..., help="Run directory, or a pipeline's directory."),
+) -> None:
+    """The run's state, job id, SLURM's state and reason, requeues, failures and last
+    metrics line; for a pipeline, one line per stage."""
     from pt_slurm.submit import status as run_status
 
-    info = run_status(run_dir)
-    console.print(
-        f"job {info['job_id']}: {info['status']} (SLURM: {info['slurm_state'] or 'unknown'}), "
-        f"{info['requeues']} requeue(s), {info['failures']} failure(s) of "
-        f"{info['max_failures']} allowed"
-    )
-    if info["reason"]:
-        console.print(f"  {info['reason']}", highlight=False)
-    if info["last_metrics"]:
-        console.print(f"  last metrics: {info['last_metrics']}", highlight=False)
+    info = run_status(path)
+    for item in info.get("stages", [info]):
+        head = f"{item['name']}: " if "stages" in info else ""
+        console.print(head + _describe(item), highlight=False)
+        if item["reason"]:
+            console.print(f"  {item['reason']}", highlight=False)
+        if item["result"]:
+            console.print(f"  result: {item['result']}", highlight=False)
+        if item["last_metrics"]:
+            console.print(f"  last metrics: {item['last_metrics']}", highlight=False)
     emit_manifest(**info)
 
 
 @app.command()
 def logs(
-    run_dir: Path = typer.Argument(..., help="Run directory."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the run ends."),
+    path: Path = typer.Argument(..., help="Run directory, or a pipeline's directory."),
+    follow: bool = _flag("--follow", "Keep printing until the run ends.", "-f"),
     job: str = typer.Option(None, "--job", help="Job id (default: the latest)."),
+    stage: str = typer.Option(
+        None, "--stage", help="A pipeline's stage (default: the last one that started)."
+    ),
 ) -> None:
-    """The job's logs: slurm-<id>.out on stdout, slurm-<id>.err on stderr."""
-    from pt_slurm.submit import follow_logs
+    """The job's logs: slurm-<id>.out on stdout, slurm-<id>.err on stderr; every line of
+    the step starts with its node's number ("0: ")."""
+    from pt_slurm.submit import choose_stage, follow_logs
 
-    follow_logs(run_dir, follow=follow, job_id=job)
+    follow_logs(choose_stage(path, stage), follow=follow, job_id=job)
 
 
 @app.command()
-def cancel(run_dir: Path = typer.Argument(..., help="Run directory.")) -> None:
-    """Cancel the run's job; it will not requeue itself."""
+def cancel(
+    path: Path = typer.Argument(..., help="Run directory, or a pipeline's directory."),
+) -> None:
+    """Cancel the run's job (every open stage of a pipeline); it will not requeue itself.
+    A run that has ended keeps its status."""
     from pt_slurm.submit import cancel as cancel_run
 
-    emit_manifest(**cancel_run(run_dir))
-
-
-@app.command("job-event", hidden=True)
-def job_event(
-    event: str = typer.Argument(..., help="start, end or requeue-failed"),
-    run_dir: Path = typer.Argument(...),
-    exit_code: int = typer.Option(0, "--exit-code"),
-    signals: str = typer.Option("", "--signals", help="Comma-separated, e.g. USR1,TERM."),
-    message: str = typer.Option("", "--message"),
-) -> None:
-    """Bookkeeping called by job.sh; `end` prints what the script does next."""
-    import os
-
-    from pt_slurm import state
-
-    if event == "start":
-        state.record_start(
-            run_dir,
-            job_id=os.environ.get("SLURM_JOB_ID", "?"),
-            restart=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
-            nodes=os.environ.get("SLURM_JOB_NODELIST"),
-        )
-    elif event == "end":
-        sigs = [s for s in signals.split(",") if s]
-        typer.echo(state.record_end(run_dir, exit_code=exit_code, signals=sigs))
-    elif event == "requeue-failed":
-        state.record_requeue_refused(run_dir, message)
-    else:
-        raise typer.BadParameter(f"unknown event {event!r}")
+    result = cancel_run(path)
+    for item in result.get("stages", [result]):
+        head = f"{item['name']}: " if "stages" in result else ""
+        if item["cancelled"]:
+            console.print(f"{head}cancelled job {item['job_id']}", highlight=False)
+        else:
+            console.print(f"{head}{item['message']}", highlight=False)
+    emit_manifest(**result)
 
 
 main = make_main(app)

@@ -1,8 +1,8 @@
-"""The ``slurm:`` section of a run config, the only part pt-slurm validates.
+"""The ``slurm:`` section of a run config, the only part pt-slurm validates itself.
 
-pt-slurm reads the same YAML as ``pt-train run``: ``run_name`` and ``output_dir``
-name the run directory, ``slurm:`` says where and how the job runs, and every
-other key is passed through to the stage untouched::
+pt-slurm reads the same YAML as the stage: ``run_name`` and ``output_dir`` name the
+run directory, ``slurm:`` says where and how the job runs, and every other key is
+passed through to the stage (and checked by the stage's own validation at submit)::
 
     run_name: sft-8b
     output_dir: runs
@@ -13,8 +13,9 @@ other key is passed through to the stage untouched::
       time: "04:00:00"
       signal_seconds: 300        # SIGUSR1 this long before the wall time
       max_failures: 3            # consecutive real failures before giving up
+      max_requeues: 50           # requeues (wall time, signals) before giving up
       env: {NCCL_DEBUG: WARN}
-    model: ...                   # pt-train's keys, not read here
+    model: ...                   # pt-train's keys, checked by pt-train's own schema
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pt_core.config import Section, apply_overrides, load_config, read_yaml
 from pt_core.errors import ConfigError
 
-STAGES = ("train", "rollout", "eval")
+STAGES = ("data", "train", "rollout", "eval")
 LAUNCHERS = ("torchrun", "deepspeed", "accelerate", "none")
 
 # SLURM's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
@@ -36,6 +37,22 @@ _TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _MEM_RE = re.compile(r"^\d+[KMGT]?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WORD_RE = re.compile(r"^[^\s'\"\\`$;&|<>]+$")  # safe inside an #SBATCH line unquoted
+_CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.,:&|!*\[\]()-]+$")  # SLURM's feature expressions
+_RELATIVE_FILE_RE = re.compile(r"^[A-Za-z0-9_.@+=,-][A-Za-z0-9_./@+=,-]*$")
+
+
+# #SBATCH options the job script depends on, so extra_sbatch may not change them.
+_SBATCH_OWN = {
+    **dict.fromkeys(("--output", "-o", "--error", "-e"), "the job reads its own log"),
+    **dict.fromkeys(("--open-mode",), "a requeued job appends to its logs"),
+    **dict.fromkeys(("--chdir", "-D"), "the working directory of submit"),
+    **dict.fromkeys(("--requeue", "--no-requeue"), "the job requeues itself"),
+    **dict.fromkeys(("--signal",), "slurm.signal_seconds"),
+    **dict.fromkeys(("--nodes", "-N"), "slurm.nodes"),
+    **dict.fromkeys(("--ntasks-per-node", "--ntasks", "-n"), "one task per node"),
+    **dict.fromkeys(("--dependency", "-d"), "pipelines chain their stages"),
+    **dict.fromkeys(("--job-name", "-J"), "slurm.job_name"),
+}
 
 
 def time_limit_seconds(text: str) -> int:
@@ -60,12 +77,28 @@ def time_limit_seconds(text: str) -> int:
 
 
 class ContainerConfig(Section):
-    """Run the stage inside an Apptainer/Singularity image (GPUs passed through with --nv)."""
+    """Run the stage in a container: Apptainer/Singularity (``<runtime> exec``) or
+    enroot through the pyxis SPANK plugin (``srun --container-image``). The run
+    directory and the working directory are bound at the same paths automatically."""
 
     image: str
-    runtime: Literal["apptainer", "singularity"] = "apptainer"
-    binds: list[str] = Field(default_factory=list)  # "src:dst[:ro]"
-    options: list[str] = Field(default_factory=list)  # extra words for `apptainer exec`
+    runtime: Literal["apptainer", "singularity", "pyxis"] = "apptainer"
+    binds: list[str] = Field(default_factory=list)  # "src[:dst[:flags]]"
+    options: list[str] = Field(default_factory=list)  # extra words for `exec` / srun
+    # How Apptainer passes GPUs in: --nv (NVIDIA), --rocm (AMD, e.g. LUMI), or none.
+    # (pyxis does this through enroot's hooks.)
+    gpu: Literal["nv", "rocm", "none"] = "nv"
+
+    @field_validator("binds")
+    @classmethod
+    def _binds(cls, value: list[str]) -> list[str]:
+        for bind in value:
+            if not bind or "," in bind or any(c.isspace() for c in bind):
+                raise ValueError(
+                    f"{bind!r}: give one bind per item, as src[:dst[:flags]] without "
+                    "spaces or commas"
+                )
+        return value
 
 
 class SlurmConfig(Section):
@@ -78,6 +111,8 @@ class SlurmConfig(Section):
     cpus_per_task: int | None = Field(None, gt=0)  # one task per node, so: CPUs per node
     mem: str | None = None  # per node, e.g. "64G"; "0" asks for all of it
     time: str | None = None  # wall time, e.g. "04:00:00"
+    constraint: str | None = None  # node features, e.g. "a100" or "a100&ib"
+    exclusive: bool = False  # whole nodes, shared with no other job
     job_name: str | None = None  # default: run_name
     modules: list[str] = Field(default_factory=list)  # `module load` before the stage
     env: dict[str, str | int | float | bool] = Field(default_factory=dict)
@@ -85,17 +120,45 @@ class SlurmConfig(Section):
     setup: list[str] = Field(default_factory=list)  # shell lines run before the stage
     python_env: str | None = None  # venv (or its bin/) with the pt commands; default: this one
     container: ContainerConfig | None = None
-    extra_sbatch: list[str] = Field(default_factory=list)  # e.g. "--exclusive"
+    extra_sbatch: list[str] = Field(default_factory=list)  # e.g. "--reservation=x"
     signal_seconds: int = Field(120, gt=0, le=65535)
     max_failures: int = Field(3, gt=0)
+    max_requeues: int = Field(50, ge=0)
+    # A file in the run dir that changes when the stage saves progress (pt-train:
+    # checkpoints/latest). A requeue asked for while it has not changed since the run
+    # started is counted as a failure.
+    progress: str | None = None
+    # When the stage has finished: when it printed its manifest (pt stages), or when
+    # it exited 0 (default for slurm.command).
+    completion: Literal["manifest", "exit_code"] | None = None
     launcher: Literal["torchrun", "deepspeed", "accelerate", "none"] | None = None
-    command: str | None = None  # replaces the stage's command; {config} = the frozen config
+    command: str | None = None  # replaces the stage's command; {config}, {input}
 
     @field_validator("partition", "account", "qos", "job_name", "mem", "time")
     @classmethod
     def _one_word(cls, value: str | None) -> str | None:
         if value is not None and not _WORD_RE.match(value):
             raise ValueError(f"{value!r} must be one word without quotes or shell characters")
+        return value
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, value: str | None) -> str | None:
+        if value is not None and not _CONSTRAINT_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a SLURM feature expression (features joined by & | , "
+                "without spaces or quotes)"
+            )
+        return value
+
+    @field_validator("progress")
+    @classmethod
+    def _progress(cls, value: str | None) -> str | None:
+        if value is not None and (not _RELATIVE_FILE_RE.match(value) or ".." in Path(value).parts):
+            raise ValueError(
+                f"{value!r}: give a path inside the run directory (relative, no '..', "
+                "no spaces), e.g. checkpoints/latest"
+            )
         return value
 
     @field_validator("mem", "time", mode="before")
@@ -131,7 +194,13 @@ class SlurmConfig(Section):
         for line in value:
             if not line.startswith("-") or "\n" in line:
                 raise ValueError(
-                    f"{line!r}: give each extra #SBATCH line as one option, e.g. '--exclusive'"
+                    f"{line!r}: give each extra #SBATCH line as one option, e.g. '--reservation=x'"
+                )
+            option = re.split(r"[=\s]", line, maxsplit=1)[0]
+            if option in _SBATCH_OWN:
+                raise ValueError(
+                    f"{line!r}: pt-slurm sets {option} itself ({_SBATCH_OWN[option]}); "
+                    "use the slurm: keys"
                 )
         return value
 
@@ -181,12 +250,21 @@ def load_run_config(
 
 
 def check_stage(stage: str, run: RunFile, data: dict) -> None:
-    """A stage other than train needs its flags (a ``rollout:``/``eval:`` mapping) or a command."""
+    """The stage exists, and a stage that takes its options from a mapping has it."""
     if stage not in STAGES:
         raise ConfigError(f"unknown stage {stage!r}", hint=f"use one of {', '.join(STAGES)}")
-    if stage != "train" and run.slurm.command is None and not isinstance(data.get(stage), dict):
+    if (
+        stage in ("rollout", "eval")
+        and run.slurm.command is None
+        and not isinstance(data.get(stage), dict)
+    ):
         raise ConfigError(
-            f"--stage {stage} needs a top-level '{stage}:' mapping of the command's options "
-            f"(or slurm.command)",
+            f"--stage {stage} needs a top-level '{stage}:' mapping of the command's "
+            "options (or slurm.command)",
             hint=f"e.g. {stage}: {{model: runs/sft/inference/step-100, prompts: data/p.jsonl}}",
+        )
+    if stage == "data" and run.slurm.command is None and not isinstance(data.get("data"), dict):
+        raise ConfigError(
+            "--stage data runs `pt-data build` on this file, which needs its 'data:' section",
+            hint="see docs/pt-data.md for the data: section",
         )

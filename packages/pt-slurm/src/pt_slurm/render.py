@@ -1,10 +1,11 @@
-"""One sbatch script per run, from the ``slurm:`` section and the stage.
+"""One sbatch script per run (or per stage of a pipeline), from the ``slurm:`` section.
 
 Every node runs one task (``srun --ntasks-per-node=1``); in it the launcher
 (torchrun, deepspeed or accelerate) starts the node's ranks and meets the other
 nodes at ``MASTER_ADDR`` (the first host of the allocation) on a port derived
 from the job id. The script forwards SLURM's early signal to the ranks and books
-the outcome in ``slurm/state.json`` before it requeues itself (see state.py).
+every start and end in ``slurm/events.jsonl`` with shell code alone
+(``templates/bookkeeping.sh``), then finishes, requeues itself or stops.
 """
 
 from __future__ import annotations
@@ -22,19 +23,39 @@ from pt_slurm import __version__
 from pt_slurm.config import RunFile, SlurmConfig
 
 CONFIG_WORD = "{config}"
-_CONFIG_REF = '"$PT_CONFIG"'
+INPUT_WORD = "{input}"
+_WORD_REFS = {CONFIG_WORD: '"$PT_CONFIG"', INPUT_WORD: '"$PT_INPUT"'}
 
 STAGE_COMMANDS = {
+    "data": ("pt-data", ["build"]),
     "train": ("pt-train", ["run"]),
     "rollout": ("pt-rollout", ["generate"]),
     "eval": ("pt-eval", ["run"]),
 }
+DEFAULT_LAUNCHER = {"data": "none", "train": "torchrun", "rollout": "none", "eval": "none"}
+# The flag through which a stage takes its upstream stage's result, and the manifest
+# kinds it accepts there.
+INPUT_FLAG = {"train": "--data", "rollout": "--model", "eval": "--model"}
+INPUT_KINDS = {"train": ("dataset",), "rollout": ("checkpoint",), "eval": ("checkpoint",)}
+OUTPUT_KIND = {"data": "dataset", "train": "checkpoint", "rollout": "rollouts", "eval": "grades"}
+# The sections that hold a rollout or eval stage's options: pt-slurm's, not a stage
+# tool's, so the other stages' frozen configs go without them.
+OPTION_MAPPINGS = ("rollout", "eval")
+# pt-train replaces checkpoints/latest only once a checkpoint is complete.
+DEFAULT_PROGRESS = {"train": "checkpoints/latest"}
 _IGNORE_USR1 = 'trap "" USR1; exec "$@"'
-DEFAULT_LAUNCHER = {"train": "torchrun", "rollout": "none", "eval": "none"}
 
 
 def quote(value: Any) -> str:
     return shlex.quote(str(value))
+
+
+def double_quote(value: Any) -> str:
+    """``value`` in double quotes, nothing in it expanded: for text kept in a variable."""
+    text = str(value)
+    for char in ("\\", '"', "$", "`"):
+        text = text.replace(char, "\\" + char)
+    return f'"{text}"'
 
 
 def python_bindir(slurm: SlurmConfig) -> str | None:
@@ -53,14 +74,20 @@ def _tool(bindir: str | None, name: str) -> str:
 
 
 def _word(word: str) -> str:
-    """Quote one word of a command, letting ``{config}`` become the frozen config's path."""
-    if CONFIG_WORD not in word:
-        return quote(word)
-    parts = word.split(CONFIG_WORD)
-    return _CONFIG_REF.join(quote(p) if p else "" for p in parts)
+    """Quote one word of a command, letting ``{config}`` and ``{input}`` become the frozen
+    config's path and the upstream stage's result."""
+    out, rest = "", word
+    while rest:
+        hits = [(rest.find(ref), ref) for ref in _WORD_REFS if ref in rest]
+        if not hits:
+            return out + quote(rest)
+        at, ref = min(hits)
+        out += (quote(rest[:at]) if at else "") + _WORD_REFS[ref]
+        rest = rest[at + len(ref) :]
+    return out
 
 
-def _flags(options: dict[str, Any]) -> list[str]:
+def stage_flags(options: dict[str, Any]) -> list[str]:
     """``{n: 8, stop: [a, b], logprobs: true}`` -> ``--n 8 --stop a --stop b --logprobs``."""
     words: list[str] = []
     for key, value in options.items():
@@ -77,14 +104,21 @@ def _flags(options: dict[str, Any]) -> list[str]:
     return words
 
 
-def stage_command(stage: str, run: RunFile, data: dict, bindir: str | None) -> str:
+def stage_command(
+    stage: str, run: RunFile, data: dict, bindir: str | None, *, has_input: bool = False
+) -> str:
     """The stage's command line, as shell words (the same on every rank)."""
     if run.slurm.command is not None:
         return " ".join(_word(w) for w in shlex.split(run.slurm.command))
     tool, sub = STAGE_COMMANDS[stage]
-    if stage == "train":
-        return " ".join([_tool(bindir, tool), *sub, _CONFIG_REF])
-    return " ".join([_tool(bindir, tool), *sub, *(_word(w) for w in _flags(data[stage]))])
+    words = [_tool(bindir, tool), *sub]
+    if stage in ("data", "train"):
+        words.append(_WORD_REFS[CONFIG_WORD])
+    else:
+        words += [_word(w) for w in stage_flags(data[stage])]
+    if has_input:
+        words += [INPUT_FLAG[stage], _WORD_REFS[INPUT_WORD]]
+    return " ".join(words)
 
 
 def launcher_words(launcher: str, slurm: SlurmConfig, bindir: str | None) -> list[str]:
@@ -98,6 +132,11 @@ def launcher_words(launcher: str, slurm: SlurmConfig, bindir: str | None) -> lis
             "--rdzv-backend=c10d",
             '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
             '--rdzv-id="$SLURM_JOB_ID"',
+            # one log per rank (stdout.log, stderr.log), and the same lines, prefixed
+            # with the rank, in the job's log
+            '--log-dir="$PT_SLURM_DIR/ranks/$SLURM_JOB_ID-$SLURM_RESTART_COUNT/node-$SLURM_NODEID"',
+            "--redirects=3",
+            "--tee=3",
             "--no-python",
         ]
     if launcher == "deepspeed":
@@ -132,28 +171,101 @@ def launcher_words(launcher: str, slurm: SlurmConfig, bindir: str | None) -> lis
     return []
 
 
-def container_words(slurm: SlurmConfig) -> list[str]:
+def _paths_to_bind(slurm: SlurmConfig, run_dir: Path, workdir: Path) -> list[str]:
+    """The run dir and the working dir (same path inside), then the configured binds."""
+    out: list[str] = []
+    for bind in [str(run_dir), str(workdir), *slurm.container.binds]:
+        if bind not in out:
+            out.append(bind)
+    return out
+
+
+def container_words(slurm: SlurmConfig, run_dir: Path, workdir: Path) -> list[str]:
+    """``apptainer exec ...`` before the node's command (Apptainer and Singularity)."""
     c = slurm.container
-    if c is None:
+    if c is None or c.runtime == "pyxis":
         return []
     words = [c.runtime, "exec"]
-    if slurm.gpus_per_node:
-        words.append("--nv")
-    if c.binds:
-        words += ["--bind", quote(",".join(c.binds))]
+    if slurm.gpus_per_node and c.gpu != "none":
+        words.append(f"--{c.gpu}")
+    words += ["--bind", quote(",".join(_paths_to_bind(slurm, run_dir, workdir)))]
     return [*words, *(quote(o) for o in c.options), quote(c.image)]
 
 
-def node_command(stage: str, run: RunFile, data: dict) -> str:
+def srun_container_words(slurm: SlurmConfig, run_dir: Path, workdir: Path) -> list[str]:
+    """pyxis's srun options: the step runs in the enroot container of ``image``."""
+    c = slurm.container
+    if c is None or c.runtime != "pyxis":
+        return []
+    mounts = [b if ":" in b else f"{b}:{b}" for b in _paths_to_bind(slurm, run_dir, workdir)]
+    return [
+        quote(f"--container-image={c.image}"),
+        quote(f"--container-mounts={','.join(mounts)}"),
+        quote(f"--container-workdir={workdir}"),
+        *(quote(o) for o in c.options),
+    ]
+
+
+def node_command(
+    stage: str, run: RunFile, data: dict, *, run_dir: Path, workdir: Path, has_input: bool
+) -> str:
     slurm = run.slurm
     bindir = python_bindir(slurm)
     launcher = slurm.launcher or DEFAULT_LAUNCHER[stage]
-    words = [*launcher_words(launcher, slurm, bindir), stage_command(stage, run, data, bindir)]
-    if slurm.container is not None:
+    command = stage_command(stage, run, data, bindir, has_input=has_input)
+    words = [*launcher_words(launcher, slurm, bindir), command]
+    runtime_words = container_words(slurm, run_dir, workdir)
+    if runtime_words:
         # The runtime's own signal handling does not keep USR1 ignored for what it
         # starts, so the launcher inside ignores it again before it execs.
-        words = [*container_words(slurm), "bash", "-c", quote(_IGNORE_USR1), "pt-node", *words]
+        words = [*runtime_words, "bash", "-c", quote(_IGNORE_USR1), "pt-node", *words]
     return " ".join(words)
+
+
+def setup_items(
+    slurm: SlurmConfig, input_manifest: Path | None, input_stage: str | None
+) -> list[tuple[str, str]]:
+    """(what the log names if it fails, the shell lines) for each piece of the setup, in
+    order; each piece books its own failure (``pt_setup_failed``)."""
+    items = []
+    if input_manifest is not None:
+        items.append(
+            (
+                f"read the manifest of stage {input_stage} ({input_manifest})",
+                f"pt_read_input {quote(input_manifest)} || pt_setup_failed 1\n"
+                f"export PT_INPUT PT_INPUT_MANIFEST={quote(input_manifest)}",
+            )
+        )
+    bindir = python_bindir(slurm)
+    if bindir:
+        items.append((f"PATH += {bindir}", f'export PATH={quote(bindir)}:"$PATH"'))
+    if slurm.modules:
+        load = "module load " + " ".join(quote(m) for m in slurm.modules)
+        items.append((load, f"{load} || pt_setup_failed"))
+    if slurm.env_file:
+        items.append(
+            (
+                f"source {slurm.env_file}",
+                "set -a\n# shellcheck source=/dev/null\n"
+                f"source {quote(slurm.env_file)} || pt_setup_failed\nset +a",
+            )
+        )
+    for key, value in sorted(slurm.env.items()):
+        value = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        items.append((f"export {key}", f"export {key}={quote(value)}"))
+    for line in slurm.setup:
+        items.append((line, "{\n" + line + "\n} || pt_setup_failed"))
+    return items
+
+
+def completion_rule(slurm: SlurmConfig) -> str:
+    """pt stages have finished when they printed their manifest; other commands, exit 0."""
+    return slurm.completion or ("exit_code" if slurm.command is not None else "manifest")
+
+
+def progress_path(stage: str, slurm: SlurmConfig, run_dir: Path) -> str:
+    rel = slurm.progress or (DEFAULT_PROGRESS.get(stage) if slurm.command is None else None)
+    return str(run_dir / rel) if rel else ""
 
 
 @cache
@@ -168,14 +280,24 @@ def _template() -> jinja2.Template:
     )
     env.filters["q"] = quote
     env.globals["q"] = quote
+    env.globals["dq"] = double_quote
     return env.get_template("job.sh.j2")
 
 
-def render_script(run: RunFile, data: dict, *, stage: str, run_dir: Path, workdir: Path) -> str:
-    """The sbatch script for ``stage`` of the run in ``run_dir`` (absolute paths)."""
+def render_script(
+    run: RunFile,
+    data: dict,
+    *,
+    stage: str,
+    run_dir: Path,
+    workdir: Path,
+    input_manifest: Path | None = None,
+    input_stage: str | None = None,
+) -> str:
+    """The sbatch script for ``stage`` of the run in ``run_dir`` (absolute paths); with
+    ``input_manifest``, the stage takes the result that manifest names."""
     slurm = run.slurm
     launcher = slurm.launcher or DEFAULT_LAUNCHER[stage]
-    env = {key: _env_value(value) for key, value in slurm.env.items()}
     return _template().render(
         s=slurm,
         stage=stage,
@@ -184,17 +306,19 @@ def render_script(run: RunFile, data: dict, *, stage: str, run_dir: Path, workdi
         slurm_dir=str(run_dir / "slurm"),
         workdir=str(workdir),
         job_name=slurm.job_name or run.run_name,
-        python=sys.executable,
-        bindir=python_bindir(slurm),
-        env=sorted(env.items()),
         launcher=launcher,
         ranks=slurm.ranks_per_node,
         requeue_code=REQUEUE_EXIT_CODE,
-        node_command=node_command(stage, run, data),
+        completion=completion_rule(slurm),
+        progress_file=progress_path(stage, slurm, run_dir),
+        setup=setup_items(slurm, input_manifest, input_stage),
+        srun_container=srun_container_words(slurm, run_dir, workdir),
+        node_command=node_command(
+            stage,
+            run,
+            data,
+            run_dir=run_dir,
+            workdir=workdir,
+            has_input=input_manifest is not None,
+        ),
     )
-
-
-def _env_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return str(value)

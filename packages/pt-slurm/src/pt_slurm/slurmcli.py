@@ -1,58 +1,20 @@
-"""The SLURM client commands pt-slurm calls (sbatch, squeue, scontrol, scancel)."""
+"""The SLURM client commands pt-slurm calls (sbatch, squeue, scontrol, scancel).
+
+Questions whose answer decides whether a second job may start (is this job still
+live?) fail closed: when SLURM cannot answer, they raise rather than guess "not live".
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from pt_core.errors import PtError
 
-
-def _run(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
-    if shutil.which(args[0]) is None:
-        raise PtError(
-            f"{args[0]} not found on PATH: this needs a SLURM client",
-            hint="run it on a login node of the cluster (or see the script with --dry-run)",
-        )
-    proc = subprocess.run(args, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise PtError(
-            f"{' '.join(args)} failed (exit {proc.returncode}): "
-            f"{(proc.stderr or proc.stdout).strip()}"
-        )
-    return proc
-
-
-def sbatch(script: Path) -> str:
-    """Submit ``script``; return the job id."""
-    out = _run(["sbatch", "--parsable", str(script)]).stdout.strip()
-    job_id = out.splitlines()[-1].split(";")[0] if out else ""
-    if not job_id.isdigit():
-        raise PtError(f"sbatch printed {out!r}, not a job id")
-    return job_id
-
-
-def job_state(job_id: str) -> str | None:
-    """SLURM's state of the job (PENDING, RUNNING, COMPLETED, ...), or None once forgotten."""
-    return job_fields(job_id).get("JobState")
-
-
-def job_fields(job_id: str) -> dict[str, str]:
-    """``scontrol show job`` as a mapping (JobState, Restarts, NodeList, ...); {} if unknown."""
-    proc = _run(["scontrol", "show", "job", "-o", job_id], check=False)
-    if proc.returncode != 0:
-        return {}
-    fields = {}
-    for word in proc.stdout.split():
-        if "=" in word:
-            key, value = word.split("=", 1)
-            fields.setdefault(key, value)
-    return fields
-
-
-def is_active(state: str | None) -> bool:
-    return state in {
+ACTIVE_STATES = frozenset(
+    {
         "PENDING",
         "RUNNING",
         "REQUEUED",
@@ -65,6 +27,74 @@ def is_active(state: str | None) -> bool:
         "STAGE_OUT",
         "SIGNALING",
     }
+)
+
+
+class SlurmUnavailable(PtError):
+    """A SLURM command could not answer (no client, controller down, ...)."""
+
+
+def _run(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
+    if shutil.which(args[0]) is None:
+        raise SlurmUnavailable(
+            f"{args[0]} not found on PATH: this needs a SLURM client",
+            hint="run it on a login node of the cluster (or see the script with --dry-run)",
+        )
+    proc = subprocess.run(args, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise SlurmUnavailable(f"{' '.join(args)} failed (exit {proc.returncode}): {_said(proc)}")
+    return proc
+
+
+def _said(proc: subprocess.CompletedProcess) -> str:
+    return " ".join((proc.stderr or proc.stdout or "").split()) or "no message"
+
+
+def sbatch(script: Path, *, after: str | None = None) -> str:
+    """Submit ``script``; return the job id. ``after``: a job that must complete
+    successfully first (``--dependency=afterok``); if it fails, SLURM cancels this one."""
+    args = ["sbatch", "--parsable"]
+    if after is not None:
+        args += [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
+    out = _run([*args, str(script)]).stdout.strip()
+    job_id = out.splitlines()[-1].split(";")[0] if out else ""
+    if not job_id.isdigit():
+        raise PtError(f"sbatch printed {out!r}, not a job id")
+    return job_id
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    """``scontrol show job`` as a mapping (JobState, Reason, Restarts, ...); {} for a job
+    SLURM no longer knows. Raises :class:`SlurmUnavailable` when SLURM cannot answer."""
+    proc = _run(["scontrol", "show", "job", "-o", str(job_id)], check=False)
+    if proc.returncode != 0:
+        if "invalid job id" in _said(proc).lower():
+            return {}
+        raise SlurmUnavailable(
+            f"scontrol show job {job_id} failed (exit {proc.returncode}): {_said(proc)}"
+        )
+    fields: dict[str, str] = {}
+    for word in proc.stdout.split():
+        if "=" in word:
+            key, value = word.split("=", 1)
+            fields.setdefault(key, value)
+    return fields
+
+
+def live_jobs_running(script: Path) -> list[tuple[str, str]]:
+    """(job id, state) of this user's live jobs whose batch script is ``script``: the jobs
+    writing its run directory, whatever the run's own records say."""
+    proc = _run(["squeue", "-h", "-t", "all", "-u", str(os.getuid()), "-o", "%i|%T|%o"])
+    jobs = []
+    for line in proc.stdout.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) == 3 and parts[1] in ACTIVE_STATES and parts[2] == str(script):
+            jobs.append((parts[0], parts[1]))
+    return jobs
+
+
+def is_active(state: str | None) -> bool:
+    return state in ACTIVE_STATES
 
 
 def available() -> bool:
@@ -72,4 +102,4 @@ def available() -> bool:
 
 
 def scancel(job_id: str) -> None:
-    _run(["scancel", job_id])
+    _run(["scancel", str(job_id)])

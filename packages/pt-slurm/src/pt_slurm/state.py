@@ -1,20 +1,20 @@
-"""The run's SLURM bookkeeping, ``<run_dir>/slurm/state.json``, and the one decision the
-job script asks for when its step ends: finish, requeue, or stop.
+"""The run's SLURM bookkeeping: ``<run_dir>/slurm/events.jsonl``, one JSON line per event.
 
-    {"job_id": "42", "job_ids": ["42"], "status": "running", "stage": "train",
-     "requeues": 1, "failures": 0, "max_failures": 3,
-     "runs": [{"job_id": "42", "restart": 0, "exit_code": 85, "signals": ["USR1"],
-               "outcome": "requeue", ...}, ...]}
+pt-slurm appends ``submit``, ``job_id``, ``sbatch_failed`` and ``cancel``; the job
+script appends ``start``, ``end`` and ``requeue_failed`` with shell code alone
+(``templates/bookkeeping.sh``), so a compute node needs no Python for it. Both
+take the lock ``slurm/.state.lock``. Each ``end`` event carries the decision the
+job made (``action``, ``status``, ``reason``) and the counts after it::
 
-The rules, in the order they are checked:
+    {"event":"submit","time":"...","stage":"train","max_failures":3,"max_requeues":50,...}
+    {"event":"job_id","time":"...","job_id":"42"}
+    {"event":"start","time":"...","job_id":"42","restart":0,"nodes":"n[1-2]","progress":""}
+    {"event":"end","time":"...","job_id":"42","restart":0,"phase":"step","exit_code":85,
+     "signals":"USR1","manifest":false,"progress":"step-40","failures":0,"requeues":1,
+     "action":"requeue","status":"requeued","reason":"..."}
 
-* exit 0: the stage finished; ``failures`` goes back to 0.
-* the job was cancelled (``pt-slurm cancel``) or its batch shell got SIGTERM
-  (``scancel``, or the wall time reached without the early signal): stop.
-* exit 85 (:data:`pt_core.contracts.REQUEUE_EXIT_CODE`), or any non-zero exit after the
-  early signal (torchrun and accelerate report a rank's 85 as 1): a requeue, which is
-  not a failure.
-* any other exit: a failure; requeue while ``failures < max_failures``, else stop.
+:func:`read_state` folds the events into the run's state: ``status``, ``reason``,
+``job_id``, ``job_ids``, ``requeues``, ``failures`` and one entry per run of the job.
 """
 
 from __future__ import annotations
@@ -22,157 +22,218 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pt_core.contracts import REQUEUE_EXIT_CODE
 from pt_core.errors import InputError
-from pt_core.files import atomic_write_json
 
-Action = Literal["done", "requeue", "stop"]
 FINAL_STATUSES = ("completed", "failed", "stopped", "cancelled")
+EVENTS = "events.jsonl"
+MANIFEST = "manifest.json"
 
 
 def slurm_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "slurm"
 
 
-def state_path(run_dir: str | Path) -> Path:
-    return slurm_dir(run_dir) / "state.json"
+def events_path(run_dir: str | Path) -> Path:
+    return slurm_dir(run_dir) / EVENTS
 
 
-def read_state(run_dir: str | Path) -> dict[str, Any]:
-    path = state_path(run_dir)
-    if not path.exists():
-        raise InputError(
-            f"{path}: no such file; {run_dir} was not submitted with pt-slurm",
-            hint="pass the run directory that `pt-slurm submit` printed",
-        )
-    try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from None
-
-
-def write_state(run_dir: str | Path, state: dict[str, Any]) -> None:
-    state["updated_at"] = _now()
-    atomic_write_json(state_path(run_dir), state)
+def manifest_path(run_dir: str | Path) -> Path:
+    """Where the job keeps the manifest line the stage printed when it finished."""
+    return slurm_dir(run_dir) / MANIFEST
 
 
 @contextlib.contextmanager
-def updating(run_dir: str | Path, *, create: bool = False) -> Iterator[dict[str, Any]]:
-    """Read, change and write the state under a lock: the submitting process and the
-    job's batch shell may write at the same moment."""
+def locked(run_dir: str | Path, name: str = ".state.lock") -> Iterator[None]:
+    """An exclusive lock on ``slurm/<name>`` (flock, which the job script's flock(1) shares)."""
     slurm_dir(run_dir).mkdir(parents=True, exist_ok=True)
-    with open(slurm_dir(run_dir) / ".state.lock", "a") as lock:
+    with open(slurm_dir(run_dir) / name, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if create and not state_path(run_dir).exists():
-            state: dict[str, Any] = {"job_ids": [], "runs": []}
-        else:
-            state = read_state(run_dir)
-        yield state
-        write_state(run_dir, state)
+        yield
 
 
-def begin_submission(run_dir: str | Path, *, stage: str, max_failures: int, job_name: str) -> None:
-    """Before ``sbatch``, so that the job always finds its state file: failures start
-    from 0, the history of earlier submissions stays."""
-    with updating(run_dir, create=True) as state:
-        state.update(
-            job_id=None,
-            job_name=job_name,
-            stage=stage,
-            status="submitting",
-            requeues=0,
-            failures=0,
-            max_failures=max_failures,
-            submitted_at=_now(),
+def submission_lock(run_dir: str | Path):
+    """Held from the live-job check until the job id is recorded: two submits to one run
+    dir take turns, so the second sees the first one's job."""
+    return locked(run_dir, ".submit.lock")
+
+
+def append_event(run_dir: str | Path, event: str, **fields: Any) -> None:
+    with locked(run_dir):
+        _append(run_dir, event, **fields)
+
+
+def _append(run_dir: str | Path, event: str, **fields: Any) -> None:
+    """One compact line (the job script matches '{"event":"cancel"' and the like)."""
+    line = json.dumps(
+        {"event": event, "time": _now(), **fields}, separators=(",", ":"), ensure_ascii=False
+    )
+    with open(events_path(run_dir), "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_events(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The events, oldest first; a clear error for a directory pt-slurm did not submit."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise InputError(f"{run_dir}: no such directory")
+    if not run_dir.is_dir():
+        raise InputError(
+            f"{run_dir} is a file, not a run directory",
+            hint="pass the run directory that `pt-slurm submit` printed",
         )
-        state.pop("reason", None)
-
-
-def record_job_id(run_dir: str | Path, job_id: str | None, *, error: str | None = None) -> None:
-    """After ``sbatch``: the job id (the job may already be running), or why there is none."""
-    with updating(run_dir) as state:
-        if job_id is None:
-            state.update(status="failed", reason=f"sbatch failed: {error}")
-            return
-        state["job_id"] = job_id
-        state["job_ids"] = [*state.get("job_ids", []), job_id]
-        if state["status"] == "submitting":
-            state["status"] = "submitted"
-
-
-def record_start(
-    run_dir: str | Path, *, job_id: str, restart: int, nodes: str | None = None
-) -> None:
-    """The batch script began (again): one more entry in ``runs``."""
-    with updating(run_dir) as state:
-        state["status"] = "running"
-        state["job_id"] = job_id
-        state["runs"].append(
-            {"job_id": job_id, "restart": restart, "nodes": nodes, "started_at": _now()}
+    path = events_path(run_dir)
+    if not path.exists():
+        raise InputError(
+            f"{run_dir} is not a run directory of pt-slurm (it has no slurm/{EVENTS})",
+            hint="pass the run directory that `pt-slurm submit` printed",
         )
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    events = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+            if not isinstance(event, dict) or "event" not in event:
+                raise ValueError("not an event object")
+        except ValueError as exc:
+            if number == len(lines):  # a last line still being written
+                break
+            raise InputError(
+                f"{path}:{number}: not an event line ({exc})",
+                hint="the file is written by pt-slurm and the job only; restore it or "
+                "remove that line",
+            ) from None
+        events.append(event)
+    if not events:
+        raise InputError(
+            f"{path} holds no events",
+            hint="submit the run again with pt-slurm submit",
+        )
+    return events
 
 
-def decide(
-    state: dict[str, Any], exit_code: int, signals: list[str] | tuple[str, ...] = ()
-) -> tuple[Action, str, str]:
-    """(action, new status, why) for a step that ended with ``exit_code`` after the batch
-    shell received ``signals`` ("USR1", "TERM"); pure."""
-    if exit_code == 0:
-        return "done", "completed", "the stage finished"
-    if state.get("status") == "cancelled":
-        return "stop", "cancelled", "cancelled with pt-slurm cancel"
-    if "TERM" in signals:
-        why = f"SIGTERM (scancel, or the wall time came without SIGUSR1); exit {exit_code}"
-        return "stop", "stopped", why
-    if exit_code == REQUEUE_EXIT_CODE:
-        return "requeue", "requeued", f"exit {REQUEUE_EXIT_CODE}: checkpoint saved, continuing"
-    if "USR1" in signals:
-        return "requeue", "requeued", f"stopped on SIGUSR1 (exit {exit_code}), continuing"
-    failures = state.get("failures", 0) + 1
-    limit = state.get("max_failures", 1)
-    if failures < limit:
-        return "requeue", "retrying", f"exit {exit_code}: failure {failures} of {limit}, retrying"
-    return "stop", "failed", f"exit {exit_code}: failure {failures} of {limit}, giving up"
-
-
-def record_end(
-    run_dir: str | Path, *, exit_code: int, signals: list[str] | tuple[str, ...] = ()
-) -> Action:
-    """Book the end of a step and say what the job script does next."""
-    with updating(run_dir) as state:
-        action, status, why = decide(state, exit_code, signals)
-        if exit_code == 0:
-            state["failures"] = 0
-        elif status in ("retrying", "failed"):
-            state["failures"] = state.get("failures", 0) + 1
-        if status == "requeued":
-            state["requeues"] = state.get("requeues", 0) + 1
-        state["status"] = status
-        state["reason"] = why
-        if state.get("runs"):
-            state["runs"][-1].update(
-                ended_at=_now(), exit_code=exit_code, signals=list(signals), outcome=action
+def fold(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's state after ``events``: the latest submission's counts and status."""
+    st: dict[str, Any] = {
+        "job_id": None,
+        "job_ids": [],
+        "status": None,
+        "reason": None,
+        "stage": None,
+        "requeues": 0,
+        "failures": 0,
+        "max_failures": None,
+        "max_requeues": None,
+        "runs": [],
+    }
+    for ev in events:
+        kind = ev.get("event")
+        st["updated_at"] = ev.get("time")
+        if kind == "submit":
+            st.update(
+                job_id=None,
+                status="submitting",
+                reason=None,
+                requeues=0,
+                failures=0,
+                submitted_at=ev.get("time"),
+                **{k: ev.get(k) for k in ("stage", "job_name", "max_failures", "max_requeues")},
             )
-    return action
+            st["input"] = ev.get("input")
+        elif kind == "job_id":
+            st["job_id"] = ev.get("job_id")
+            st["job_ids"].append(ev.get("job_id"))
+            if st["status"] == "submitting":
+                st["status"] = "submitted"
+        elif kind == "sbatch_failed":
+            st.update(status="failed", reason=f"sbatch failed: {ev.get('error')}")
+        elif kind == "start":
+            st.update(status="running", reason=None, job_id=ev.get("job_id"))
+            st["runs"].append(
+                {
+                    "job_id": ev.get("job_id"),
+                    "restart": ev.get("restart"),
+                    "nodes": ev.get("nodes"),
+                    "started_at": ev.get("time"),
+                }
+            )
+        elif kind == "end":
+            st.update({k: ev.get(k) for k in ("status", "reason", "failures", "requeues")})
+            if st["runs"]:
+                st["runs"][-1].update(
+                    ended_at=ev.get("time"),
+                    phase=ev.get("phase"),
+                    exit_code=ev.get("exit_code"),
+                    signals=[s for s in str(ev.get("signals") or "").split(",") if s],
+                    manifest=ev.get("manifest"),
+                    outcome=ev.get("action"),
+                    reason=ev.get("reason"),
+                )
+        elif kind == "requeue_failed":
+            st.update(status="failed", reason=f"scontrol requeue failed: {ev.get('message')}")
+        elif kind == "cancel":
+            st.update(status="cancelled", reason="cancelled with pt-slurm cancel")
+    return st
 
 
-def record_requeue_refused(run_dir: str | Path, message: str) -> None:
-    """`scontrol requeue` failed: the job ends here; say so rather than claim a requeue."""
-    with updating(run_dir) as state:
-        state["status"] = "failed"
-        state["reason"] = f"scontrol requeue failed: {message}"
+def read_state(run_dir: str | Path) -> dict[str, Any]:
+    return fold(read_events(run_dir))
 
 
-def mark_cancelled(run_dir: str | Path) -> dict[str, Any]:
-    with updating(run_dir) as state:
-        state["status"] = "cancelled"
-        state["reason"] = "cancelled with pt-slurm cancel"
-    return state
+def begin_submission(
+    run_dir: str | Path,
+    *,
+    stage: str,
+    max_failures: int,
+    max_requeues: int,
+    job_name: str,
+    input_stage: str | None = None,
+) -> None:
+    """Before ``sbatch``, so that the job always finds its submission: failures and
+    requeues start from 0, the history of earlier submissions stays."""
+    append_event(
+        run_dir,
+        "submit",
+        stage=stage,
+        job_name=job_name,
+        max_failures=max_failures,
+        max_requeues=max_requeues,
+        input=input_stage,
+    )
+
+
+def record_job_id(run_dir: str | Path, job_id: str) -> None:
+    """After ``sbatch``: the job id (the job may already be running)."""
+    append_event(run_dir, "job_id", job_id=job_id)
+
+
+def record_sbatch_failed(run_dir: str | Path, error: str) -> None:
+    append_event(run_dir, "sbatch_failed", error=error)
+
+
+def mark_cancelled(run_dir: str | Path) -> None:
+    """The job, when its step ends, reads this and stops instead of requeueing."""
+    append_event(run_dir, "cancel")
+
+
+def mark_cancelled_unless_final(run_dir: str | Path) -> bool:
+    """Mark the run cancelled unless it has ended; under the lock, so that a job booking
+    its end at this moment either comes first (and stays completed) or reads the cancel."""
+    with locked(run_dir):
+        if fold(read_events(run_dir))["status"] in FINAL_STATUSES:
+            return False
+        _append(run_dir, "cancel")
+    return True
 
 
 def _now() -> str:

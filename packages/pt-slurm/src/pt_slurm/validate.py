@@ -1,0 +1,201 @@
+"""Check a stage's own config at submit, so that a mistake that would fail on every
+retry is refused before ``sbatch`` instead of failing ``max_failures`` times on the nodes.
+
+* train: pt-train's schema (``pt_train.config.load_train_config``) and its batch layout
+  at the job's world size (``batch_layout``), as ``pt-train check`` does. pt_train is
+  imported only here, and only for a train stage; where it is not importable (pt-slurm
+  installed without it), ``pt-train check`` of the job's environment is run instead.
+* data: pt-data's schema (``pt_data.config.load_data_config``).
+* rollout, eval: the option mapping, parsed by the command's own option parser.
+
+Each returns one line saying what was checked (or why nothing could be).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pt_core.errors import ConfigError
+from pt_slurm.config import RunFile
+from pt_slurm.render import (
+    DEFAULT_LAUNCHER,
+    INPUT_FLAG,
+    OPTION_MAPPINGS,
+    python_bindir,
+    stage_flags,
+)
+
+_CLI_MODULES = {"rollout": ("pt_rollout.cli", "generate"), "eval": ("pt_eval.cli", "run")}
+
+
+def validate_stage(
+    stage: str,
+    run: RunFile,
+    data: dict,
+    *,
+    config: Path | None,
+    overrides: list[str],
+    has_input: bool,
+) -> str:
+    """Raise :class:`ConfigError` for a stage config that cannot run; else say what was checked."""
+    if run.slurm.command is not None:
+        return "slurm.command: the command's own config is not checked"
+    if stage == "train":
+        return _validate_train(run, config, overrides)
+    if stage == "data":
+        return _validate_data(config, overrides)
+    return _validate_flags(stage, data[stage], has_input=has_input)
+
+
+def job_world_size(run: RunFile, nproc: int = 1) -> tuple[int, str]:
+    """Ranks of the whole job, and how that number comes about."""
+    slurm = run.slurm
+    launcher = slurm.launcher or DEFAULT_LAUNCHER["train"]
+    if launcher == "none":  # pt-train starts launcher.nproc ranks on each node itself
+        return slurm.nodes * nproc, f"{slurm.nodes} node(s) x launcher.nproc={nproc}"
+    ranks = slurm.ranks_per_node
+    return slurm.nodes * ranks, f"{slurm.nodes} node(s) x {ranks} rank(s)"
+
+
+def _validate_train(run: RunFile, config: Path | None, overrides: list[str]) -> str:
+    if config is None:
+        raise ConfigError("a train stage needs a config file (its `config:` key)")
+    try:
+        pt_train_config = importlib.import_module("pt_train.config")
+    except ImportError:
+        return _check_with_pt_train_command(run, config, overrides)
+    with _without_option_mappings(config) as readable:
+        try:
+            cfg = pt_train_config.load_train_config(readable, overrides)
+        except ConfigError as exc:
+            raise ConfigError(
+                exc.message.replace(str(readable), str(config)), hint=exc.hint
+            ) from None
+    world, how = job_world_size(run, getattr(getattr(cfg, "launcher", None), "nproc", 1))
+    try:
+        accumulation = pt_train_config.batch_layout(cfg.training, world)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{config}: at the job's world size {world} ({how}): {exc.message}", hint=exc.hint
+        ) from None
+    return f"pt-train config checked at world size {world} ({how}): {accumulation} accumulation step(s)"
+
+
+@contextlib.contextmanager
+def _without_option_mappings(config: Path) -> Iterator[Path]:
+    """``config``, or where it holds the ``rollout:``/``eval:`` option mappings of other
+    stages (which pt-train's schema does not know), a copy with their lines blanked, so
+    that every other key keeps its line for the error messages."""
+    text = config.read_text(encoding="utf-8")
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        root = None  # the stage's own loader reports it
+    blank = set()
+    if isinstance(root, yaml.MappingNode):
+        for key, value in root.value:
+            if key.value in OPTION_MAPPINGS:
+                end = value.end_mark
+                blank |= set(range(key.start_mark.line, end.line + (1 if end.column else 0)))
+    if not blank:
+        yield config
+        return
+    lines = text.splitlines(keepends=True)
+    kept = "".join("\n" if i in blank else line for i, line in enumerate(lines))
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / config.name
+        copy.write_text(kept, encoding="utf-8")
+        yield copy
+
+
+def _check_with_pt_train_command(run: RunFile, config: Path, overrides: list[str]) -> str:
+    """pt_train is not importable here: run the job environment's ``pt-train check``."""
+    bindir = python_bindir(run.slurm)
+    tool = Path(bindir or "", "pt-train")
+    if bindir is None or not tool.exists():
+        return (
+            "not checked: pt_train is not importable here and no pt-train command was found "
+            f"in {bindir or 'the container'}"
+        )
+    world, how = job_world_size(run)
+    launcher = run.slurm.launcher or DEFAULT_LAUNCHER["train"]
+    extra = [] if launcher == "none" else [f"launcher.nproc={world}"]
+    with _without_option_mappings(config) as readable:
+        proc = subprocess.run(
+            [str(tool), "check", str(readable), *overrides, *extra], capture_output=True, text=True
+        )
+    if proc.returncode != 0:
+        said = [
+            line.replace(str(readable), str(config))
+            for line in proc.stderr.splitlines()
+            if line.strip()
+        ]
+        raise ConfigError(
+            f"{config}: `pt-train check` at the job's world size {world} ({how}) failed: "
+            + " ".join(said[-3:] or [f"exit {proc.returncode}"])
+        )
+    return f"pt-train config checked with {tool} check at world size {world} ({how})"
+
+
+def _validate_data(config: Path | None, overrides: list[str]) -> str:
+    if config is None:
+        raise ConfigError("a data stage needs a config file with a data: section (`config:`)")
+    try:
+        pt_data_config = importlib.import_module("pt_data.config")
+    except ImportError:
+        return "not checked: pt_data is not importable here"
+    data_overrides = [o for o in overrides if o.startswith("data.")]
+    cfg = pt_data_config.load_data_config(config, data_overrides)
+    return f"pt-data config checked: {len(cfg.datasets)} dataset(s)"
+
+
+def _validate_flags(stage: str, options: dict[str, Any], *, has_input: bool) -> str:
+    """Parse the stage's options as its command line would, without running it."""
+    module_name, command_name = _CLI_MODULES[stage]
+    flag = INPUT_FLAG[stage]
+    if has_input and flag.removeprefix("--").replace("-", "_") in options:
+        raise ConfigError(
+            f"{stage}.{flag.removeprefix('--')} is given, but the stage takes it from the "
+            "stage before it",
+            hint=f"drop {stage}.{flag.removeprefix('--')}, or set `input: null` on the stage",
+        )
+    try:
+        import typer
+
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return f"not checked: {module_name} is not importable here"
+    group = typer.main.get_command(module.app)
+    command = getattr(group, "commands", {}).get(command_name, group)
+    tool = f"{module_name.split('.')[0].replace('_', '-')} {command_name}"
+    known = [o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+    for key in options:
+        # by name first: a false or null value leaves the flag out of the command line
+        name = "--" + str(key).replace("_", "-")
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            raise ConfigError(
+                f"{stage}.{key}: `{tool}` has no option {name}",
+                hint=f"did you mean {close[0]}?" if close else f"`{tool} --help` lists its options",
+            )
+    args = stage_flags(options) + ([flag, "<from the stage before>"] if has_input else [])
+    try:
+        command.make_context(f"{stage} stage", args)
+    except Exception as exc:
+        # the usage errors of the click that typer carries (its own copy of click)
+        if not callable(getattr(exc, "format_message", None)):
+            raise
+        raise ConfigError(
+            f"the {stage}: options do not parse as `{tool}` options: {exc.format_message()}",
+            hint=f"`{tool} --help` lists its options and their types",
+        ) from None
+    return f"{stage} options parsed by {tool}"

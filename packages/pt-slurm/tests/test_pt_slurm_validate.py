@@ -1,0 +1,185 @@
+"""A stage's own config is checked at submit, at the job's world size, and a config that
+would fail on every retry is refused before sbatch; pt_train is imported only for that,
+and without it `pt-train check` of the job's environment does the check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("pt_train.config", reason="checks train configs with pt-train's schema")
+
+
+def write(tmp_path: Path, training: dict, **slurm) -> Path:
+    config = {
+        "run_name": "checked",
+        "output_dir": str(tmp_path / "runs"),
+        "model": {"name_or_path": "some/model"},
+        "training": {"max_steps": 10, "global_batch_size": 8, **training},
+        "slurm": {"job_name": "pt-checked", **slurm},
+    }
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.mark.slurm
+def test_a_mistyped_training_key_is_refused_before_sbatch(slurm_cluster, tmp_path, pt_slurm):
+    path = write(tmp_path, {"learnin_rate": 1e-5})
+    proc = pt_slurm("submit", path, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = path.read_text().splitlines().index("  learnin_rate: 1.0e-05") + 1
+    assert f"{path}:{line}" in proc.stderr and "training.learning_rate" in proc.stderr
+    assert slurm_cluster.job_ids_named("pt-checked") == []  # nothing reached SLURM
+    assert not (tmp_path / "runs").exists()  # and nothing was written
+
+
+@pytest.mark.slurm
+def test_a_batch_the_jobs_world_size_does_not_divide_is_refused(slurm_cluster, tmp_path, pt_slurm):
+    """2 nodes x 3 ranks = 6 ranks of micro-batch 1 cannot make a global batch of 8; on
+    one node of 4 ranks it can (8 = 1 x 4 x 2 accumulation steps)."""
+    path = write(tmp_path, {"micro_batch_size": 1}, nodes=2, procs_per_node=3)
+    proc = pt_slurm("submit", path, check=False)
+    assert proc.returncode == 2
+    message = " ".join(proc.stderr.split())
+    assert "at the job's world size 6 (2 node(s) x 3 rank(s))" in message
+    assert "global_batch_size=8 is not divisible" in message
+    assert slurm_cluster.job_ids_named("pt-checked") == []
+    ok = pt_slurm("submit", path, "slurm.nodes=1", "slurm.procs_per_node=4", "--dry-run")
+    assert "world size 4 (1 node(s) x 4 rank(s)): 2 accumulation step(s)" in " ".join(
+        ok.stderr.split()
+    )
+
+
+def _without_pt_train(*args: str) -> subprocess.CompletedProcess:
+    """pt-slurm as installed where pt_train cannot be imported (a login node without it)."""
+    code = (
+        "import sys; sys.modules['pt_train'] = None; sys.argv[0] = 'pt-slurm'\n"
+        "from pt_slurm.cli import main; main()"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_without_pt_train_the_jobs_pt_train_check_does_the_check(tmp_path):
+    bad = _without_pt_train("submit", str(write(tmp_path, {"micro_batch_size": 3})), "--dry-run")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    message = " ".join(bad.stderr.split())
+    assert "`pt-train check` at the job's world size 1 (1 node(s) x 1 rank(s)) failed" in message
+    assert "not divisible by micro_batch_size x world_size = 3 x 1" in message
+
+    good = _without_pt_train("submit", str(write(tmp_path, {})), "--dry-run")
+    assert good.returncode == 0, good.stderr
+    assert f"{Path(sys.executable).parent}/pt-train check at world size 1" in " ".join(
+        good.stderr.split()
+    )
+
+
+def test_without_pt_train_or_its_command_the_check_is_said_to_be_skipped(tmp_path):
+    empty = tmp_path / "env"
+    (empty / "bin").mkdir(parents=True)
+    path = write(tmp_path, {"learnin_rate": 1})  # wrong, but nothing here can tell
+    proc = _without_pt_train("submit", str(path), f"slurm.python_env={empty}", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "not checked: pt_train is not importable here and no pt-train command was found" in (
+        " ".join(proc.stderr.split())
+    )
+
+
+def test_pt_train_is_imported_only_to_check_a_train_stage(tmp_path):
+    """pt-slurm checks an eval stage's options without pt_train (or torch); only a train
+    stage's check imports pt_train's config module."""
+    evaluate = tmp_path / "eval.yaml"
+    evaluate.write_text(
+        yaml.safe_dump({"run_name": "ev", "eval": {"model": "m", "benchmark": "b.jsonl"}})
+    )
+    code = (
+        "import sys; from pt_slurm.submit import prepare; "
+        f"prepare({str(evaluate)!r}, [], ['eval']); "
+        "assert 'pt_train' not in sys.modules and 'torch' not in sys.modules; "
+        f"prepare({str(write(tmp_path, {}))!r}, []); "
+        "assert 'pt_train.config' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"benchmark": "b.jsonl", "n": "many"}, "Invalid value for '--n'"),
+        ({"n": 4}, "Missing option '--benchmark'"),
+    ],
+)
+def test_an_eval_stage_whose_options_do_not_parse_is_refused(tmp_path, pt_slurm, options, message):
+    path = tmp_path / "eval.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"run_name": "ev", "output_dir": str(tmp_path), "eval": {"model": "m", **options}}
+        )
+    )
+    proc = pt_slurm("submit", path, "--stage", "eval", "--dry-run", check=False)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "options do not parse as `pt-eval run` options" in proc.stderr
+
+
+def test_a_mistyped_option_is_refused_with_the_one_meant(tmp_path, pt_slurm):
+    path = tmp_path / "eval.yaml"
+    eval_options = {"model": "m", "benchmark": "b.jsonl", "temprature": 0.6}
+    path.write_text(
+        yaml.safe_dump({"run_name": "ev", "output_dir": str(tmp_path), "eval": eval_options})
+    )
+    proc = pt_slurm("submit", path, "--stage", "eval", "--dry-run", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "eval.temprature: `pt-eval run` has no option --temprature" in proc.stderr
+    assert "did you mean --temperature?" in proc.stderr
+
+
+def test_an_unknown_option_is_refused_even_when_false(tmp_path, pt_slurm):
+    """`last_number: false` would leave the flag out, so the command line alone would never
+    show that `pt-eval run` has no such option (it is `pt-eval grade`'s)."""
+    path = tmp_path / "eval.yaml"
+    eval_options = {"model": "m", "benchmark": "b.jsonl", "last_number": False}
+    path.write_text(
+        yaml.safe_dump({"run_name": "ev", "output_dir": str(tmp_path), "eval": eval_options})
+    )
+    proc = pt_slurm("submit", path, "--stage", "eval", "--dry-run", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "eval.last_number: `pt-eval run` has no option --last-number" in proc.stderr
+
+
+def test_a_data_stage_checks_the_data_config(tmp_path, pt_slurm):
+    path = tmp_path / "data.yaml"
+    path.write_text(
+        "run_name: build\n"
+        f"output_dir: {tmp_path}\n"
+        "data:\n"
+        "  datasets:\n"
+        "    - source: rows.jsonl\n"
+        "  shufle: false\n"
+    )
+    proc = pt_slurm("submit", path, "--stage", "data", "--dry-run", check=False)
+    assert proc.returncode == 2
+    assert f"{path}:6" in proc.stderr and "data.shuffle" in proc.stderr
+
+
+def test_an_eval_section_beside_the_training_keys_keeps_their_lines_in_errors(tmp_path, pt_slurm):
+    """pt-train's schema knows no eval: section; it is checked without it, and a mistake
+    after it is still named by its own line in the user's file."""
+    path = tmp_path / "train.yaml"
+    path.write_text(
+        "run_name: both\n"
+        f"output_dir: {tmp_path}\n"
+        "eval:\n"
+        "  benchmark: b.jsonl\n"
+        "  n: 2\n"
+        "model: {name_or_path: some/model}\n"
+        "training: {max_steps: 10, warmup_ratoi: 0.1}\n"
+    )
+    proc = pt_slurm("submit", path, "--stage", "train", "--stage", "eval", "--dry-run", check=False)
+    assert proc.returncode == 2
+    assert f"{path}:7" in proc.stderr and "training.warmup_ratio" in proc.stderr
