@@ -323,3 +323,22 @@ def test_plot_draws_loss_and_lr(reference, cli):
     cli("pt-train", "plot", reference)
     for name in ("loss.png", "lr.png"):
         assert (reference / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resuming_on_changed_data_is_refused_until_forced(workdir, tmp_path):
+    """The run stores its data's fingerprint; after a row is added to the data file, a rerun
+    stops with exit 2 naming both fingerprints, and --force-resume goes on."""
+    import shutil
+
+    data = tmp_path / "rows.jsonl"
+    shutil.copy(workdir / "rows.jsonl", data)
+    args = ("run", workdir / "train.yaml", "run_name=changed-data", f"data.path={data}")
+    _stop_after(pt_train(*args), workdir / "runs" / "changed-data" / "metrics.jsonl", 2)
+    with open(data, "a") as fh:
+        fh.write(json.dumps(_rows(1, seed=9)[0]) + "\n")
+    code, out, err = finish(pt_train(*args))
+    assert code == 2 and out == ""
+    assert "was started on different data" in " ".join(err.split()), err
+    assert "Traceback" not in err
+    code, out, err = finish(pt_train(*args, "--force-resume"))
+    assert code == 0, err

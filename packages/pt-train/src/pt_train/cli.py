@@ -41,7 +41,7 @@ def run(
     ),
     force_resume: bool = flag(
         "--force-resume",
-        help="Resume even if keys that change training differ.",
+        help="Resume even if keys that change training, or the data, differ.",
     ),
 ) -> None:
     """Train (or resume) a run; print the final inference checkpoint's manifest.

@@ -43,6 +43,7 @@ from pt_train.batch import Batch
 from pt_train.config import TrainConfig, batch_layout, changed_keys, migrate
 from pt_train.distributed import DistEnv, all_reduce, barrier, init_distributed
 from pt_train.engine import PlainEngine, use_plain_engine
+from pt_train.fingerprint import check_data_fingerprint, data_fingerprint, write_data_fingerprint
 from pt_train.logprobs import HeadRequest, install_token_head, other_model_hidden
 from pt_train.metrics import MetricsWriter, peak_flops, peak_memory_gb, training_flops_per_token
 from pt_train.model import load_model, load_tokenizer
@@ -177,6 +178,15 @@ class Trainer:
     def _prepare_run_dir(self, force_resume: bool) -> None:
         """Refuse to resume a run whose arithmetic changed; freeze the config (rank 0)."""
         frozen = self.run_dir / "config.yaml"
+        data = self.cfg.data
+        if data.path is not None:
+            fingerprint = data_fingerprint(data.path, data.split)
+        elif self.cfg.rollout.prompts is not None:
+            fingerprint = data_fingerprint(
+                self.cfg.rollout.prompts, self.cfg.rollout.split or "train"
+            )
+        else:
+            fingerprint = None
         if frozen.exists() and ckpt.latest_checkpoint(self.run_dir) is not None:
             old = migrate(yaml.safe_load(frozen.read_text()) or {}, warn=False)
             changed = changed_keys(old, config_to_dict(self.cfg))
@@ -189,11 +199,15 @@ class Trainer:
                 )
             if changed and self.env.is_main:
                 log.warning("resuming with changed keys (forced): %s", ", ".join(changed))
+            if fingerprint is not None:
+                check_data_fingerprint(self.run_dir, fingerprint, force_resume=force_resume)
         barrier()
         if self.env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.remove_stale_temporaries(self.run_dir)
             freeze_config(self.cfg, self.run_dir)
+            if fingerprint is not None:
+                write_data_fingerprint(self.run_dir, fingerprint)
         barrier()
 
     @property
