@@ -1,5 +1,5 @@
-"""Print the quickstart's table (base / SFT / DFT accuracy and pass@k on the test set) and draw
-the two runs' loss curves into one PNG.
+"""Print the quickstart's table (accuracy and pass@k of every model on the held-out problems)
+and draw the runs' training curves into one PNG.
 
     python examples/quickstart/report.py quickstart-out [--seconds N]
 """
@@ -13,34 +13,66 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+# (grades and run name, row label, what it is)
+MODELS = (
+    ("untrained", "untrained", "random weights"),
+    ("base", "warm start", "SFT from random weights, briefly"),
+    ("sft", "SFT", "warm start + SFT"),
+    ("dft", "DFT", "warm start + DFT"),
+    ("asft", "ASFT", "warm start + DFT anchored by KL"),
+    ("dpo", "DPO", "SFT + DPO on its own graded samples"),
+    ("opd", "OPD", "warm start distilled from SFT, on-policy"),
+    ("grpo", "GRPO", "SFT + GRPO rewarded by pt-eval"),
+)
+
 
 def load_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_losses(out: Path, runs: dict[str, Path]) -> Path:
+def plot_curves(out: Path) -> Path:
+    """Four panels: the fine-tunes' cross-entropy, DPO's reward accuracy and margin, OPD's
+    KL to the teacher on fresh samples, GRPO's reward."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = {"loss": "training loss (the run's own objective)"}
-    if any("ce_loss" in row for run in runs.values() for row in load_metrics(run)):
-        keys["ce_loss"] = "cross-entropy on trained tokens"
-    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4), squeeze=False)
-    for ax, (key, title) in zip(axes[0], keys.items(), strict=True):
-        for name, run in runs.items():
-            rows = [r for r in load_metrics(run) if key in r]
-            ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=name)
+    runs = {name: load_metrics(out / "runs" / name) for name, _, _ in MODELS}
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    panels = [
+        (axes[0][0], "cross-entropy on trained tokens (SFT data)", [
+            ("base", "loss", "warm start (SFT)"), ("sft", "loss", "SFT"),
+            ("dft", "ce_loss", "DFT"), ("asft", "ce_loss", "ASFT"),
+        ], True),
+        (axes[0][1], "DPO: reward accuracy and margin", [
+            ("dpo", "rewards/accuracies", "accuracy"), ("dpo", "rewards/margins", "margin"),
+        ], False),
+        (axes[1][0], "OPD: KL(student || teacher) on the student's samples", [
+            ("opd", "sampled_kl", "per token, single-sample estimate"),
+            ("opd", "kl", "forward KL over the teacher's top-8"),
+        ], False),
+        (axes[1][1], "GRPO: reward (pt-eval correct) per round", [
+            ("grpo", "reward", "reward"), ("grpo", "groups_all_equal", "groups with equal rewards"),
+        ], False),
+    ]  # fmt: skip
+    for ax, title, lines, log_scale in panels:
+        for run, key, label in lines:
+            rows = [r for r in runs[run] if r.get(key) is not None]
+            if rows:
+                ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=label)
         ax.set_title(title)
         ax.set_xlabel("optimizer step")
-        ax.set_yscale("log")
+        if log_scale:
+            ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    target = out / "loss_curves.png"
-    fig.savefig(target, dpi=120)
+    target = out / "training_curves.png"
+    fig.savefig(target, dpi=110)
     return target
 
 
@@ -51,10 +83,11 @@ def main() -> None:
     args = parser.parse_args()
 
     console = Console()
-    table = Table(title="Arithmetic test set (held-out problems)")
+    table = Table(title="Arithmetic test set (200 held-out problems)")
     table.add_column("model")
+    table.add_column("from")
     summaries = {}
-    for name in ("base", "sft", "dft"):
+    for name, _, _ in MODELS:
         path = args.out / f"grades-{name}.json"
         if path.exists():
             summaries[name] = json.loads(path.read_text().strip().splitlines()[-1])
@@ -66,22 +99,20 @@ def main() -> None:
         table.add_column(f"pass@{k}", justify="right")
     table.add_column("maj@n", justify="right")
     table.add_column("no answer", justify="right")
-    for name, s in summaries.items():
+    for name, label, origin in MODELS:
+        s = summaries.get(name)
+        if s is None:
+            continue
         table.add_row(
-            {"base": "untrained", "sft": "SFT", "dft": "DFT"}[name],
+            label,
+            origin,
             f"{100 * s['accuracy']:.1f}%",
             *[f"{100 * s['pass@k'][k]:.1f}%" for k in pass_keys],
             f"{100 * s.get('maj@n', 0.0):.1f}%",
             str(s.get("no_answer", "")),
         )
     console.print(table)
-    runs = {
-        name: args.out / "runs" / name
-        for name in ("sft", "dft")
-        if (args.out / "runs" / name).exists()
-    }
-    png = plot_losses(args.out, runs)
-    console.print(f"loss curves: {png}")
+    console.print(f"training curves: {plot_curves(args.out)}")
     if args.seconds is not None:
         console.print(f"total time: {args.seconds // 60} min {args.seconds % 60} s")
 

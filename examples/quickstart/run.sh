@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The offline quickstart: install pt, then run the whole pipeline on the CPU.
+# The offline quickstart: install pt, then run every method on the CPU from one start.
 #
 #   bash examples/quickstart/run.sh            # output in ./quickstart-out
 #
-# 1. pt-data synth     a synthetic arithmetic train/test set
-# 2. pt-data build     template, tokenize and pack the train set (piped into 3.)
-# 3. pt-train run      a small Llama from random weights, once with SFT, once with DFT
-#                      (pt-train init writes the untrained model, for comparison)
-# 4. pt-rollout        sample answers on the test set from base, SFT and DFT
-# 5. pt-eval grade     grade them; a table and a loss-curve PNG at the end
+# 1. pt-data synth     a synthetic arithmetic train/test set, and a local tokenizer
+# 2. pt-data build     templated, tokenized, packed SFT rows; train and test prompts
+# 3. pt-train run      the warm start: a small Llama trained briefly from random weights
+# 4. pt-train run      from the warm start, the same steps of SFT, DFT and ASFT
+# 5. pt-rollout | pt-eval grade | pt-data pairs | pt-train run: DPO from the SFT model
+#                      on pairs of its own graded samples
+# 6. pt-train run      OPD: the warm start distilled from the SFT model on its own samples
+# 7. pt-train run      GRPO from the SFT model, rewarded by pt-eval's grader
+# 8. pt-rollout generate | pt-eval grade: every model on the held-out problems; a table
+#                      and the training curves as PNG
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,30 +32,48 @@ command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet uv
 export PATH="$REPO/.venv/bin:$PATH"
 
 rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
+path_of() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['path'])" "$1"; }
 
-step "1. pt-data synth arithmetic"
+step "1. pt-data synth arithmetic, pt-data tokenizer"
 pt-data synth arithmetic --n 8000 --n-test 200 --out synth > /dev/null
 pt-data tokenizer --texts synth/train.jsonl --out tokenizer > /dev/null
 
-step "2+3. pt-data build | pt-train run (SFT)"
-pt-data build "$HERE/prompts.yaml" > manifests-prompts.json
-pt-data build "$HERE/data.yaml" | pt-train run "$HERE/sft.yaml" --data - > manifest-sft.json
+step "2. pt-data build (test prompts, training prompts)"
+pt-data build "$HERE/prompts.yaml" > /dev/null
+pt-data build "$HERE/train-prompts.yaml" > /dev/null
 
-step "3. pt-train run (DFT, same data and schedule)"
-pt-train run "$HERE/sft.yaml" run_name=dft training.loss=dft --data data/sft > manifest-dft.json
+step "2+3. pt-data build | pt-train run (the warm start)"
+pt-data build "$HERE/data.yaml" | pt-train run "$HERE/base.yaml" --data - > manifest-base.json
+pt-train init "$HERE/base.yaml" --out runs/untrained/inference/step-0 > manifest-untrained.json
 
-step "3. pt-train init (the untrained model, for comparison)"
-pt-train init "$HERE/sft.yaml" --out runs/base/inference/step-0 > manifest-base.json
+step "4. pt-train run: SFT, DFT and ASFT from the warm start"
+pt-train run "$HERE/finetune.yaml" --data data/sft > manifest-sft.json
+pt-train run "$HERE/finetune.yaml" run_name=dft objective.name=dft \
+    training.learning_rate=5e-4 --data data/sft > manifest-dft.json
+pt-train run "$HERE/finetune.yaml" run_name=asft objective.name=asft objective.kl_coef=0.1 \
+    training.learning_rate=5e-4 --data data/sft > manifest-asft.json
 
-for name in base sft dft; do
-    model=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['path'])" "manifest-$name.json")
-    step "4+5. pt-rollout generate | pt-eval grade ($name)"
-    pt-rollout generate --model "$model" --prompts data/test-prompts --n "$SAMPLES" \
-        --temperature 0.6 --max-tokens 40 --seed 0 --out "rollouts/$name.jsonl" \
+step "5. pt-rollout generate | pt-eval grade | pt-data pairs | pt-train run (DPO)"
+pt-rollout generate --model - --prompts data/train-prompts --engine hf --n 4 \
+    --temperature 1.0 --max-tokens 40 --seed 1 --limit 600 --out rollouts/sft-train.jsonl \
+    < manifest-sft.json \
+    | pt-eval grade - --out grades/sft-train.jsonl \
+    | pt-data pairs - --out data/pairs \
+    | pt-train run "$HERE/dpo.yaml" --data - > manifest-dpo.json
+
+step "6. pt-train run (OPD: the warm start learns from the SFT model on its own samples)"
+pt-train run "$HERE/opd.yaml" > manifest-opd.json
+
+step "7. pt-train run (GRPO from the SFT model, rewarded by pt-eval)"
+pt-train run "$HERE/grpo.yaml" > manifest-grpo.json
+
+for name in untrained base sft dft asft dpo opd grpo; do
+    step "8. pt-rollout generate | pt-eval grade ($name)"
+    pt-rollout generate --model "$(path_of "manifest-$name.json")" --prompts data/test-prompts \
+        --engine hf --n "$SAMPLES" --temperature 0.6 --max-tokens 40 --seed 0 \
+        --out "rollouts/$name.jsonl" \
         | pt-eval grade - --out "grades/$name.jsonl" > "grades-$name.json"
 done
 
 step "report"
-pt-train plot runs/sft > /dev/null
-pt-train plot runs/dft > /dev/null
 python3 "$HERE/report.py" "$OUT" --seconds $(( $(date +%s) - started ))

@@ -86,6 +86,7 @@ def generate_cmd(
         None, "--prompt-key", help="Prompt column (default: prompt, problem, question, messages)."
     ),
     id_key: str = typer.Option("id", "--id-key", help="Id column (default: row position)."),
+    limit: int = typer.Option(None, "--limit", help="Only the first N prompt rows."),
     batch_size: int = typer.Option(
         256, "--batch-size", help="Completions per engine call; a crash loses at most one batch."
     ),
@@ -123,6 +124,7 @@ def generate_cmd(
         split=split,
         prompt_key=prompt_key,
         id_key=id_key,
+        limit=limit,
         batch_size=batch_size,
         dtype=dtype,
         tensor_parallel=tensor_parallel,

@@ -46,6 +46,7 @@ class GenerateOptions:
     split: str | None = None
     prompt_key: str | None = None
     id_key: str = "id"
+    limit: int | None = None
     batch_size: int = 256
     dtype: str = "auto"
     tensor_parallel: int = 1
@@ -58,6 +59,8 @@ class GenerateOptions:
             raise ConfigError(f"--n must be >= 1, got {self.n}")
         if self.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if self.data_parallel < 1 or self.tensor_parallel < 1:
             raise ConfigError("--data-parallel and --tensor-parallel must be >= 1")
         try:
@@ -109,6 +112,8 @@ def generate(
     started = time.perf_counter()
     source = prompts_path(prompts, options.split)
     rows = read_prompts(source, prompt_key=options.prompt_key, id_key=options.id_key)
+    if options.limit is not None:
+        rows = rows[: options.limit]
     output = ResumableOutput(out)
     pending = [
         (row, sample)

@@ -203,6 +203,27 @@ class RolloutConfig(Section):
         return self
 
 
+class GenerateEvalConfig(Section):
+    """Greedy answers of the policy to a prompt set, graded by pt-eval (pt_train.evaluate)."""
+
+    prompts: str | None = None  # prompt rows with a gold answer column
+    split: str | None = None  # of a dataset directory (default: test if present, else train)
+    max_prompts: int = Field(200, ge=1)
+    max_tokens: int = Field(256, ge=1)
+    answer_key: str = "answer"
+    template: bool = True
+    system: str | None = None
+
+
+class EvalConfig(Section):
+    """Evaluation every ``steps`` optimizer steps (and after the last); see pt_train.evaluate."""
+
+    steps: int | None = Field(None, ge=1)
+    split: str = "validation"
+    max_rows: int | None = Field(None, ge=1)
+    generate: GenerateEvalConfig = Field(default_factory=GenerateEvalConfig)
+
+
 class LauncherConfig(Section):
     nproc: int = Field(1, gt=0)  # >1: pt-train starts this many local ranks itself
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on GPU, gloo on CPU
@@ -225,6 +246,7 @@ class TrainConfig(Section):
     training: TrainingConfig
     deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     slurm: dict[str, Any] = Field(default_factory=dict)  # pt-slurm reads it; pt-train ignores it
@@ -279,6 +301,7 @@ RESUME_FREE_KEYS = (
     "training.max_consecutive_nan",
     "training.logits_chunk_mb",
     "rollout.python",
+    "eval",
     "rollout.gpu_memory_utilization",
     "launcher",
     "deepspeed.engine",

@@ -71,13 +71,13 @@ def pairs_fingerprint(pairs) -> str:
 
 
 def precompute_pair_logps(
-    model, pairs, make_batch, run_dir: Path, env: DistEnv, *, micro_pairs: int, chunk_mb: int,
+    model, pairs, make_batch, root: Path, env: DistEnv, *, micro_pairs: int, chunk_mb: int,
     device, dtype, source: str,
 ) -> np.ndarray:  # fmt: skip
-    """[pairs, 2] reference log-probs (chosen, rejected) of every pair, from
-    ``<run_dir>/reference/`` where a previous run stored them, else computed here (each
-    rank a share of the chunks) and stored."""
-    root = Path(run_dir) / "reference"
+    """[pairs, 2] reference log-probs (chosen, rejected) of every pair, computed here (each
+    rank a share of the chunks) and stored in ``root`` (``<run_dir>/reference``), in chunks
+    that a restarted run does not compute again."""
+    root = Path(root)
     fingerprint = pairs_fingerprint(pairs)
     final = root / "logps.npy"
     meta = root / "meta.json"
@@ -130,9 +130,10 @@ def precompute_pair_logps(
     return table
 
 
-def stored_pair_logps(run_dir: Path, pairs, source: str) -> np.ndarray | None:
-    """The [pairs, 2] table a previous run stored for these pairs and this reference."""
-    root = Path(run_dir) / "reference"
+def stored_pair_logps(root: Path, pairs, source: str) -> np.ndarray | None:
+    """The [pairs, 2] table a previous run stored in ``root`` for these pairs and this
+    reference."""
+    root = Path(root)
     final, meta = root / "logps.npy", root / "meta.json"
     if not (final.exists() and meta.exists()):
         return None

@@ -167,6 +167,18 @@ class Trainer:
             self.producer.load_state_dict(state.get("producer", {}))
             if self.env.is_main:
                 log.info("resuming %s from %s (step %d)", self.run_dir, latest.name, self.step)
+        self.evaluator = None
+        if cfg.eval.steps:
+            from pt_train.evaluate import Evaluator
+
+            if cfg.eval.generate.prompts is not None and self.zero_stage == 3:
+                raise ConfigError(
+                    "eval.generate answers with the policy in one process, which ZeRO-3 "
+                    "partitions over the ranks",
+                    hint="evaluate the inference checkpoints with pt-eval run instead, or use "
+                    "deepspeed.zero_stage 0-2",
+                )
+            self.evaluator = Evaluator(self)
         self.metrics = MetricsWriter(
             self.run_dir, cfg.logging, enabled=self.env.is_main, resume_step=self.step
         )
@@ -260,12 +272,13 @@ class Trainer:
             token_logps=token_logps,
         )
 
-    def _fixed_producer(self) -> Producer:
-        """Token rows or preference pairs from ``data.path``, whichever the objective trains on."""
+    def _fixed_producer(self, data_cfg=None, for_eval: bool = False) -> Producer:
+        """Token rows or preference pairs from ``data.path`` (or ``data_cfg``, e.g. the
+        held-out split), whichever the objective trains on."""
         from pt_train.data import load_pairs, load_rows
         from pt_train.producers import pairs_producer, rows_producer
 
-        cfg = self.cfg
+        cfg = self.cfg.model_copy(update={"data": data_cfg}) if data_cfg is not None else self.cfg
         sampling = {
             "global_batch_size": cfg.training.global_batch_size,
             "micro_batch_size": cfg.training.micro_batch_size,
@@ -294,7 +307,7 @@ class Trainer:
         )
         reference_cfg = self.objective.frozen()
         if self.objective.reference == "logps" and reference_cfg and reference_cfg.precompute:
-            table = self._precomputed_reference(pairs, producer)
+            table = self._precomputed_reference(pairs, producer, "eval" if for_eval else None)
             producer = pairs_producer(
                 pairs,
                 **common,
@@ -325,7 +338,7 @@ class Trainer:
             fused=self.fused_ops,
         )
 
-    def _precomputed_reference(self, pairs, producer):
+    def _precomputed_reference(self, pairs, producer, part: str | None = None):
         """Reference log-probs of every pair, stored in the run directory (computed once)."""
         import gc
 
@@ -333,7 +346,8 @@ class Trainer:
 
         reference_cfg = self.objective.frozen()
         source = reference_cfg.path or f"policy-start:{config_hash(self.cfg.model)}"
-        table = stored_pair_logps(self.run_dir, pairs, source)
+        root = self.run_dir / "reference" / (part or "")
+        table = stored_pair_logps(root, pairs, source)
         if table is not None:
             if self.env.is_main:
                 log.info("reference log-probs from %s/reference (not loading it)", self.run_dir)
@@ -343,7 +357,7 @@ class Trainer:
             model,
             pairs,
             producer.to_batch,
-            self.run_dir,
+            root,
             self.env,
             micro_pairs=self.cfg.training.micro_batch_size,
             chunk_mb=self.cfg.training.logits_chunk_mb,
@@ -397,9 +411,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def forward_backward_step(self, batch: Batch, loss_scale: float):
-        """Forward one micro-batch, back-propagate ``loss_sum * loss_scale``; return the
-        detached :class:`LossOutput`."""
+    def forward_loss(self, batch: Batch):
+        """The objective's :class:`LossOutput` of one micro-batch: the policy through the
+        token head, and the reference where the objective compares with one."""
         batch = batch.to(self.device)
         inputs = batch.model_inputs(self.device, self.model_dtype)
         chunk_mb = self.cfg.training.logits_chunk_mb
@@ -423,7 +437,12 @@ class Trainer:
             request.dense_hidden = other_model_hidden(self.reference, inputs, batch.targets)
             request.dense_head = self.reference._pt_head.lm_head
         out = self.engine(**inputs, head=request)
-        loss = self.objective.loss(out, batch, reference_out)
+        return self.objective.loss(out, batch, reference_out)
+
+    def forward_backward_step(self, batch: Batch, loss_scale: float):
+        """Forward one micro-batch, back-propagate ``loss_sum * loss_scale``; return the
+        detached :class:`LossOutput`."""
+        loss = self.forward_loss(batch)
         self.engine.backward(loss.sum * loss_scale, scale_wrt_gas=False)
         loss.sum = loss.sum.detach()
         return loss
@@ -593,7 +612,12 @@ class Trainer:
                         hint="lower training.learning_rate, check the data for empty or broken "
                         "rows, or raise training.max_consecutive_nan",
                     )
-                if self.step % t.logging_steps == 0 or self.step == self.total_steps:
+                evaluated = self.evaluator is not None and self.evaluator.due(
+                    self.step, self.total_steps
+                )
+                if evaluated:
+                    record.update(self.evaluator.run())
+                if evaluated or self.step % t.logging_steps == 0 or self.step == self.total_steps:
                     self.metrics.log(record)
                 if bar is not None:
                     bar.update(task, completed=self.step, description=f"loss {record['loss']:.4f}")

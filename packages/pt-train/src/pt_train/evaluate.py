@@ -1,0 +1,169 @@
+"""Evaluation during training: the objective on held-out rows, and answers to a prompt set.
+
+    eval:
+      steps: 50                 # every 50 optimizer steps, and after the last
+      split: validation         # the held-out rows pt-data builds (validation_split > 0)
+      max_rows: null
+      generate:                 # optional: greedy answers graded by pt-eval
+        prompts: data/test-prompts
+        max_prompts: 200
+        max_tokens: 256
+
+``eval_loss`` is the objective's loss (and ``eval/<metric>`` its metrics: DPO's reward
+accuracy, say) over every held-out row, normalised as in training, without gradients, the
+rows shared between ranks. It needs rows of the kind the objective trains on (token rows,
+pairs); objectives that train on their own samples (opd, grpo) have none and log only the
+generation eval. ``eval_accuracy`` (and ``eval_no_answer``) are pt-eval's grades of the
+policy's greedy answers to the prompt set, generated in-process with the HF engine on
+rank 0 (the other ranks wait). Both are logged with the step in ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from pt_core.errors import ConfigError
+from pt_core.log import get_logger
+from pt_train.distributed import all_reduce, barrier
+
+log = get_logger(__name__)
+
+
+class Evaluator:
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.cfg = trainer.cfg.eval
+        self._batches = None
+        self._prompts = None
+        self._engine = None
+
+    # ------------------------------------------------------------------ held-out loss
+
+    def _held_out_batches(self) -> list:
+        """This rank's micro-batches of the held-out rows (every rank the same number)."""
+        if self._batches is not None:
+            return self._batches
+        trainer = self.trainer
+        data = trainer.cfg.data.model_copy(update={"split": self.cfg.split, "shuffle": False})
+        producer = trainer._fixed_producer(data_cfg=data, for_eval=True)
+        items = list(range(producer.num_rows))
+        if self.cfg.max_rows is not None:
+            items = items[: self.cfg.max_rows]
+        world, rank = trainer.env.world_size, trainer.env.rank
+        per_rank = -(-len(items) // world)  # ceil: the last ranks may get fewer rows
+        mine = items[rank * per_rank : (rank + 1) * per_rank]
+        size = trainer.cfg.training.micro_batch_size
+        count = -(-per_rank // size)
+        self._batches = [
+            producer.to_batch(mine[i * size : (i + 1) * size]) if mine[i * size :] else None
+            for i in range(count)
+        ]
+        return self._batches
+
+    def held_out_loss(self) -> dict:
+        trainer = self.trainer
+        total, count = 0.0, 0.0
+        sums: dict[str, list[float]] = {}
+        trainer.engine.module.eval()
+        try:
+            with torch.no_grad():
+                for batch in self._held_out_batches():
+                    if batch is None:  # a rank with fewer rows keeps step with the others
+                        continue
+                    loss = trainer.forward_loss(batch)
+                    total += float(loss.sum)
+                    count += float(loss.count)
+                    for name, (value, n) in loss.metrics.items():
+                        acc = sums.setdefault(name, [0.0, 0.0])
+                        acc[0] += float(value)
+                        acc[1] += float(n)
+        finally:
+            trainer.engine.train()
+        names = sorted(sums)
+        reduced = all_reduce([total, count, *(v for n in names for v in sums[n])], trainer.device)
+        out = {"eval_loss": reduced[0] / reduced[1] if reduced[1] else None}
+        for i, name in enumerate(names):
+            value, n = reduced[2 + 2 * i], reduced[3 + 2 * i]
+            out[f"eval/{name}"] = value / n if n else None
+        return out
+
+    # ------------------------------------------------------------------ generation
+
+    def generation_accuracy(self) -> dict:
+        """Rank 0 answers the prompt set greedily with the policy; pt-eval grades them."""
+        trainer = self.trainer
+        out: dict = {}
+        if trainer.env.is_main:
+            out = self._generate_and_grade()
+        barrier()
+        return out
+
+    def _generate_and_grade(self) -> dict:
+        from pt_eval.grade import GradeOptions, grade_rows
+        from pt_rollout.engines import Request, SamplingParams
+        from pt_rollout.engines.hf import HFEngine
+        from pt_rollout.generate import completion_text
+        from pt_rollout.prompts import prompt_token_ids, prompts_path, read_prompts, stop_token_ids
+
+        g = self.cfg.generate
+        trainer = self.trainer
+        start = time.perf_counter()
+        if self._prompts is None:
+            rows = read_prompts(prompts_path(g.prompts, g.split))[: g.max_prompts]
+            missing = [r.id for r in rows if g.answer_key not in r.columns]
+            if missing:
+                raise ConfigError(
+                    f"eval.generate.prompts {g.prompts}: row {missing[0]!r} has no "
+                    f"{g.answer_key!r} column to grade against",
+                    hint="set eval.generate.answer_key to the gold answer's column",
+                )
+            ids = [
+                prompt_token_ids(trainer.tokenizer, r.prompt, template=g.template, system=g.system)
+                for r in rows
+            ]
+            self._prompts = (rows, ids)
+        rows, ids = self._prompts
+        model = trainer.engine.module
+        if self._engine is None:
+            device = next(model.parameters()).device
+            self._engine = HFEngine(model, tokenizer=trainer.tokenizer, device=str(device))
+        source = trainer.cfg.model.name_or_path or trainer.cfg.model.tokenizer_path
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=g.max_tokens,
+            stop_token_ids=stop_token_ids(source, trainer.tokenizer),
+        )
+        was_training = model.training
+        model.eval()
+        try:
+            completions = self._engine.generate([Request(i) for i in ids], params)
+        finally:
+            model.train(was_training)
+        graded, summary = grade_rows(
+            [
+                {"id": r.id, "completion": completion_text(trainer.tokenizer, c.token_ids, []),
+                 "answer": r.columns[g.answer_key]}
+                for r, c in zip(rows, completions, strict=True)
+            ],
+            GradeOptions(pred_key="completion", gold_key="answer", id_key="id"),
+        )  # fmt: skip
+        return {
+            "eval_accuracy": summary["accuracy"],
+            "eval_no_answer": summary.get("no_answer"),
+            "eval_generate_s": round(time.perf_counter() - start, 3),
+        }
+
+    # ------------------------------------------------------------------ when
+
+    def due(self, step: int, total: int) -> bool:
+        return bool(self.cfg.steps) and (step % self.cfg.steps == 0 or step == total)
+
+    def run(self) -> dict:
+        out = {}
+        if self.trainer.objective.data in ("tokens", "pairs"):
+            out.update(self.held_out_loss())
+        if self.cfg.generate.prompts is not None:
+            out.update(self.generation_accuracy())
+        return out
