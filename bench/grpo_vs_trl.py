@@ -1,0 +1,272 @@
+"""GRPO: pt-train's online loop vs TRL's GRPOTrainer, on CPU.
+
+    uv run --no-sync python bench/grpo_vs_trl.py [--steps 8] [--threads 2] [--repeats 2]
+
+The same tiny Llama (hidden 128, 4 layers, head_dim 64; trained briefly on the arithmetic
+set here, so that some answers are right and rewards differ), the same arithmetic prompts,
+4 prompts x 8 generations per optimizer step (32 completions), 40 new tokens at
+temperature 1, the DAPO token-mean loss, beta 0, one update per generation batch, and the
+same reward: 1 when pt-eval's grader finds the completion's answer equal to the gold one.
+Generation runs on the trainer's own model with transformers in both (TRL without vLLM;
+pt-train's HF engine in-process).
+
+The figure is the wall time of an optimizer step (generation, grading and the update),
+the median over the steps after the first, each trainer in its own process, alternating,
+``--repeats`` times.
+
+Prints a table on stderr and one JSON line on stdout, last, with ``ratio`` (TRL's seconds
+per step over pt-train's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_vs_trl import run_measured  # noqa: E402
+
+PROMPTS_PER_STEP = 4
+GENERATIONS = 8
+MAX_NEW_TOKENS = 40
+LR = 1e-5
+
+
+def prepare(workdir: Path, steps: int) -> None:
+    """A model that gets some problems right: 150 SFT steps on the synthetic arithmetic."""
+    import subprocess
+
+    import yaml
+
+    bindir = os.path.dirname(sys.executable)
+    run = lambda *a: subprocess.run([os.path.join(bindir, a[0]), *a[1:]], check=True,  # noqa: E731
+                                    cwd=workdir, capture_output=True, text=True)  # fmt: skip
+    run("pt-data", "synth", "arithmetic", "--n", "4000", "--n-test", "200", "--out", "synth")
+    run("pt-data", "tokenizer", "--texts", "synth/train.jsonl", "--out", "tokenizer")
+    data = {
+        "data": {
+            "datasets": [{"source": "synth/train.jsonl", "transform": {"name": "math", "instruction": None}}],
+            "output_dir": "data/sft",
+            "tokenizer": {"name_or_path": "tokenizer", "max_seq_length": 512},
+        }
+    }  # fmt: skip
+    (workdir / "data.yaml").write_text(yaml.safe_dump(data))
+    run("pt-data", "build", "data.yaml")
+    sft = {
+        "run_name": "sft",
+        "output_dir": "runs",
+        "model": {"init": {"tokenizer": "tokenizer", "hidden_size": 128, "num_heads": 2,
+                           "num_layers": 4, "max_position_embeddings": 1024}},
+        "data": {"path": "data/sft"},
+        "training": {"learning_rate": 2e-3, "warmup_ratio": 0.05, "min_lr_ratio": 0.1,
+                     "global_batch_size": 8, "micro_batch_size": 8, "max_steps": 150},
+    }  # fmt: skip
+    (workdir / "sft.yaml").write_text(yaml.safe_dump(sft))
+    run("pt-train", "-q", "run", "sft.yaml")
+    shutil.copytree(workdir / "runs" / "sft" / "inference" / "step-150", workdir / "model")
+    with open(workdir / "prompts.jsonl", "w") as fh:
+        for i, line in enumerate((workdir / "synth" / "test.jsonl").read_text().splitlines()):
+            row = json.loads(line)
+            fh.write(
+                json.dumps({"id": i, "prompt": row["problem"], "answer": row["answer"]}) + "\n"
+            )
+
+
+_POOL = []
+
+
+def pt_eval_reward(completions, answer, **_):
+    """1 when pt-eval grades the completion equal to the gold answer: TRL's reward function,
+    grading in one worker pool kept for the whole run, as pt-train's GRPO does."""
+    from pt_eval.grade import GradeOptions, grade_rows
+    from pt_eval.worker import GradingPool
+
+    if not _POOL:
+        _POOL.append(GradingPool(None, 5.0))
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    graded, _ = grade_rows(
+        [{"id": i, "completion": t, "answer": a}
+         for i, (t, a) in enumerate(zip(texts, answer, strict=True))],
+        GradeOptions(pred_key="completion", gold_key="answer", id_key="id"),
+        pool=_POOL[0],
+    )  # fmt: skip
+    return [1.0 if g["correct"] else 0.0 for g in graded]
+
+
+def run_trl(workdir: Path, steps: int) -> dict:
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
+    model = AutoModelForCausalLM.from_pretrained(workdir / "model", dtype=torch.float32)
+    rows = [json.loads(x) for x in (workdir / "prompts.jsonl").read_text().splitlines()]
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
+         for r in rows]
+    )  # fmt: skip
+    step_times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            step_times.append(time.perf_counter() - self.t0)
+
+    config = GRPOConfig(
+        output_dir=str(workdir / "trl"),
+        max_steps=steps,
+        per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
+        gradient_accumulation_steps=1,
+        num_generations=GENERATIONS,
+        max_completion_length=MAX_NEW_TOKENS,
+        temperature=1.0,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        beta=0.0,
+        loss_type="dapo",
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        logging_steps=100,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=pt_eval_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Timer()],
+    )
+    trainer.train()
+    return {"step_times": step_times}
+
+
+def pt_config(workdir: Path, steps: int) -> Path:
+    import yaml
+
+    config = {
+        "run_name": "pt-train",
+        "output_dir": str(workdir / "runs"),
+        "model": {"name_or_path": str(workdir / "model")},
+        "objective": {"name": "grpo", "aggregation": "dapo", "beta": 0.0},
+        "rollout": {
+            "prompts": str(workdir / "prompts.jsonl"),
+            "samples_per_prompt": GENERATIONS,
+            "max_tokens": MAX_NEW_TOKENS,
+            "temperature": 1.0,
+        },
+        "training": {
+            "learning_rate": LR,
+            "lr_schedule": "constant",
+            "global_batch_size": PROMPTS_PER_STEP * GENERATIONS,
+            "micro_batch_size": PROMPTS_PER_STEP * GENERATIONS,
+            "max_steps": steps,
+            "seed": 0,
+        },
+    }
+    path = workdir / "pt-train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    shutil.rmtree(workdir / "runs" / "pt-train", ignore_errors=True)
+    return path
+
+
+def child_trl(workdir: Path, steps: int, threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    result = run_trl(workdir, steps)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(result))
+
+
+def measure(which: str, workdir: Path, steps: int, threads: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    if which == "trl":
+        cmd = [sys.executable, __file__, "--child", "trl", "--workdir", str(workdir),
+               "--steps", str(steps), "--threads", str(threads)]  # fmt: skip
+    else:
+        config = pt_config(workdir, steps)
+        cmd = [os.path.join(os.path.dirname(sys.executable), "pt-train"), "-q", "run", str(config)]
+    code, out, err, peak = run_measured(cmd, env)
+    if code != 0:
+        raise RuntimeError(f"{which} failed:\n{err[-4000:]}")
+    if which == "trl":
+        result = json.loads(out.strip().splitlines()[-1])
+    else:
+        records = [
+            json.loads(x)
+            for x in (workdir / "runs" / "pt-train" / "metrics.jsonl").read_text().splitlines()
+        ]
+        result = {
+            "step_times": [r["step_time_s"] for r in records],
+            "reward": [r.get("reward") for r in records],
+        }
+    result["seconds_per_step"] = statistics.median(result["step_times"][1:])
+    result["peak_rss_mb"] = peak
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--child", choices=["trl"], default=None)
+    args = parser.parse_args()
+    if args.child:
+        child_trl(args.workdir, args.steps, args.threads)
+        return
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="grpo-vs-trl-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not (workdir / "model").exists():
+        prepare(workdir, args.steps)
+    runs: dict[str, list[dict]] = {"trl": [], "pt-train": []}
+    for _ in range(args.repeats):
+        for which in runs:
+            runs[which].append(measure(which, workdir, args.steps, args.threads))
+    per_step = {k: statistics.median(r["seconds_per_step"] for r in v) for k, v in runs.items()}
+    rss = {k: statistics.median(r["peak_rss_mb"] for r in v) for k, v in runs.items()}
+    ratio = per_step["trl"] / per_step["pt-train"]
+    lines = [
+        f"Llama hidden 128 x 4 layers; {PROMPTS_PER_STEP} prompts x {GENERATIONS} generations "
+        f"per step, {MAX_NEW_TOKENS} new tokens, DAPO loss, pt-eval reward; {args.steps} steps, "
+        f"{args.threads} threads, median of {args.repeats} runs each",
+        f"{'':16} {'s/step':>8} {'peak RSS MB':>12}   every run (s/step)",
+    ]
+    for key, label in (("trl", "TRL GRPOTrainer"), ("pt-train", "pt-train")):
+        every = ", ".join(f"{r['seconds_per_step']:.2f}" for r in runs[key])
+        lines.append(f"{label:16} {per_step[key]:>8.2f} {rss[key]:>12.0f}   {every}")
+    lines.append(f"ratio TRL / pt-train seconds per step: {ratio:.2f}")
+    print("\n".join(lines), file=sys.stderr)
+    print(
+        json.dumps(
+            {
+                "trl_s_per_step": round(per_step["trl"], 3),
+                "pt_train_s_per_step": round(per_step["pt-train"], 3),
+                "ratio": round(ratio, 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
