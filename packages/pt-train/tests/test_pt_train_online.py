@@ -231,3 +231,23 @@ def test_vllm_generator_after_a_weight_push_generates_what_hf_does(world):
     for name, result in (("student", before), ("teacher", after)):
         hf = HFEngine(str(world / name)).generate(requests, SamplingParams(**params))
         assert [c["token_ids"] for c in result["completions"]] == [c.token_ids for c in hf], name
+
+
+def test_a_teacher_with_another_tokenizer_is_refused(world, tmp_path, cli):
+    """The teacher scores the student's token ids: with another vocabulary they would mean
+    other text, so the run stops before training, naming the teacher."""
+    from pt_data.tokenizer import build_tokenizer
+    from pt_train.model import build_llama
+
+    other = build_tokenizer(tmp_path / "other", texts=["a completely different corpus"] * 50)
+    build_llama(other, hidden_size=128, num_layers=2, num_heads=2).save_pretrained(
+        tmp_path / "other"
+    )
+    cfg = config(world, "other-teacher")
+    cfg["objective"]["teacher"]["path"] = str(tmp_path / "other")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = cli("pt-train", "run", path, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "another tokenizer than the policy" in " ".join(proc.stderr.split())
+    assert not (world / "runs" / "other-teacher" / "rounds").exists()

@@ -76,6 +76,37 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
+def check_same_tokenizer(tokenizer, other_path: str, what: str) -> None:
+    """A model that scores the policy's token ids (a teacher, a reference) must read them as
+    the policy does: the same vocabulary and the same special tokens, else a clear error."""
+    from transformers import AutoTokenizer
+
+    from pt_core.errors import ConfigError
+
+    try:
+        other = AutoTokenizer.from_pretrained(other_path)
+    except (OSError, ValueError):
+        log.warning("%s %s has no tokenizer to compare with the policy's", what, other_path)
+        return
+    mine, theirs = tokenizer.get_vocab(), other.get_vocab()
+    if mine != theirs:
+        differing = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
+        raise ConfigError(
+            f"the {what} {other_path} has another tokenizer than the policy "
+            f"({len(theirs)} tokens against {len(mine)}; e.g. {differing}): it would score "
+            "token ids that mean other text",
+            hint=f"use a {what} with the policy's tokenizer (distilling across tokenizers is "
+            "not supported)",
+        )
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        a, b = getattr(tokenizer, name, None), getattr(other, name, None)
+        if a is not None and b is not None and a != b:
+            raise ConfigError(
+                f"the {what} {other_path} has {name}={b}, the policy {a}",
+                hint=f"use a {what} with the policy's tokenizer and special tokens",
+            )
+
+
 def load_model(model_cfg, tokenizer, *, dtype, seed: int, fused_ops: bool = False):
     """The model of ``model_cfg`` (a ``pt_train.config.ModelConfig``): pretrained weights
     from ``name_or_path``, or random weights from ``init`` seeded with ``seed``; with

@@ -150,6 +150,11 @@ class Trainer:
         self.producer = producer if producer is not None else self._fixed_producer()
         self.total_steps = total_steps_of(cfg, self.producer.num_rows, self.producer.num_tokens)
         frozen = self.objective.frozen()
+        if frozen is not None and frozen.path is not None and self.env.is_main:
+            from pt_train.model import check_same_tokenizer
+
+            what = "teacher" if self.objective.name == "opd" else "reference"
+            check_same_tokenizer(self.tokenizer, frozen.path, what)
         if self.objective.reference != "none" and not (frozen and frozen.precompute):
             self.reference = self._load_reference()
         self._build_engine()
