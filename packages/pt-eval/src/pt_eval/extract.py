@@ -140,11 +140,11 @@ def stated_answer(text: str) -> str | None:
     best: tuple[int, str] | None = None  # (position, answer) of the last math-like statement
     words: tuple[int, str] | None = None  # the last statement that is only a word
     boxes = find_boxes(text)
+    after = 0  # only a statement after the last box can replace it
     if boxes:
         best = (boxes[-1][0], box_group_answer(text, boxes))
-    for m in _STATEMENT.finditer(text):
-        if best is not None and m.start() < best[0]:
-            continue
+        after = boxes[-1][0]
+    for m in _STATEMENT.finditer(text, after):
         phrase = answer_phrase(text[m.end() : m.end() + STATEMENT_WINDOW])
         if phrase is None:
             continue
@@ -152,7 +152,7 @@ def stated_answer(text: str) -> str | None:
             best = (m.start(), phrase)
         else:
             words = (m.start(), phrase)
-    for m in _GSM8K.finditer(text):
+    for m in _GSM8K.finditer(text, after):
         if best is None or m.start() > best[0]:
             phrase = answer_phrase(m.group(1))
             if phrase is not None and _is_math_like(phrase):
@@ -248,9 +248,12 @@ def find_boxes(text: str) -> list[tuple[int, int, str]]:
     """Every complete top-level ``\\boxed{...}`` / ``\\fbox{...}`` as (start, end, content),
     in order; escaped braces do not count, a box cut off by the end of the text is left out."""
     boxes: list[tuple[int, int, str]] = []
+    first = min((i for i in (text.find("\\boxed"), text.find("\\fbox")) if i >= 0), default=-1)
+    if first < 0:
+        return boxes
     stack: list[tuple[bool, int, int]] = []  # (opens a box, box start, content start)
     open_boxes = 0
-    for m in _BOX_SCAN.finditer(text):
+    for m in _BOX_SCAN.finditer(text, first):
         token = m.group(0)
         if token == "{":
             stack.append((False, 0, 0))

@@ -135,40 +135,59 @@ def _join_thousands(s: str) -> str:
     return "".join(out)
 
 
+_REWRITES = [
+    (re.compile(p), r)
+    for p, r in (
+        (r"\\left\s*\.|\\right\s*\.", " "),
+        (r"\\(?:left|right|middle)(?![a-zA-Z])", ""),
+    )
+]
+_COMMAND_REWRITES = [
+    (re.compile(p), r)
+    for p, r in (
+        (r"\\[dtc]frac(?![a-zA-Z])", r"\\frac"),
+        (r"\\[dt]binom(?![a-zA-Z])", r"\\binom"),
+        (r"\\(?:lvert|rvert|vert|lVert|rVert|Vert)(?![a-zA-Z])", "|"),
+        (r"\\(?:leqslant|leq|le)(?![a-zA-Z])", r"\\le "),
+        (r"\\(?:geqslant|geq|ge)(?![a-zA-Z])", r"\\ge "),
+        (r"\\(?:neq|ne)(?![a-zA-Z])", r"\\ne "),
+        (r"\\lt(?![a-zA-Z])", "<"),
+        (r"\\gt(?![a-zA-Z])", ">"),
+        (r"\\(?:degree|textdegree)(?![a-zA-Z])", r"^\\circ "),
+    )
+]
+_WHITESPACE = re.compile(r"\s+")
+
+
 def clean(text: str) -> str:
     """Spacing, delimiters and spellings that never change the value, removed or unified."""
     s = undouble_escapes(text.strip())
     for ch, repl in _UNICODE.items():
         if ch in s:
             s = s.replace(ch, repl)
-    s = _EXPLICIT_THOUSANDS.sub("", s)
-    s = _SPACED_THOUSANDS.sub(lambda m: m.group(1) + _SPACED_GROUP_SEP.sub("", m.group(2)), s)
+    if "," in s or "{" in s:
+        s = _EXPLICIT_THOUSANDS.sub("", s)
+    if " " in s or "\\" in s or "~" in s:
+        s = _SPACED_THOUSANDS.sub(lambda m: m.group(1) + _SPACED_GROUP_SEP.sub("", m.group(2)), s)
     s = s.replace("{,}", ",")
     s = s.replace("\\\\", " \\newrow ")  # a matrix row break, kept apart from "\ " spacing
     s = s.replace("\\$", " \\USD ").replace("$", "")
     s = s.replace("\\(", "").replace("\\)", "").replace("\\[", "").replace("\\]", "")
-    s = re.sub(r"\\left\s*\.|\\right\s*\.", " ", s)
-    s = re.sub(r"\\(?:left|right|middle)(?![a-zA-Z])", "", s)
-    s = _GLUED_QUAD.sub(" ", s)
-    s = _SPACING.sub(" ", s)
-    s = _NUMBER_SETS.sub(lambda m: f"\\set{m.group(1)} ", s)
-    s = _STYLE.sub("", s)
-    s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
-    s = re.sub(r"\\[dt]binom(?![a-zA-Z])", r"\\binom", s)
-    s = re.sub(r"\\(?:lvert|rvert|vert)(?![a-zA-Z])", "|", s)
-    s = re.sub(r"\\(?:lVert|rVert|Vert)(?![a-zA-Z])", "|", s)
-    s = re.sub(r"\\(?:leqslant|leq|le)(?![a-zA-Z])", r"\\le ", s)
-    s = re.sub(r"\\(?:geqslant|geq|ge)(?![a-zA-Z])", r"\\ge ", s)
-    s = re.sub(r"\\(?:neq|ne)(?![a-zA-Z])", r"\\ne ", s)
-    s = re.sub(r"\\lt(?![a-zA-Z])", "<", s)
-    s = re.sub(r"\\gt(?![a-zA-Z])", ">", s)
-    s = re.sub(r"\\(?:degree|textdegree)(?![a-zA-Z])", r"^\\circ ", s)
+    if "\\" in s:
+        for pattern, repl in _REWRITES:
+            s = pattern.sub(repl, s)
+        s = _GLUED_QUAD.sub(" ", s)
+        s = _SPACING.sub(" ", s)
+        s = _NUMBER_SETS.sub(lambda m: f"\\set{m.group(1)} ", s)
+        s = _STYLE.sub("", s)
+        for pattern, repl in _COMMAND_REWRITES:
+            s = pattern.sub(repl, s)
     s = s.replace("<=", r"\le ").replace(">=", r"\ge ").replace("!=", r"\ne ")
     s = s.replace("~", " ").replace("\\%", "%")
     if "." in s:
         s = _REPEATING.sub(_repeating, s)
     s = _join_thousands(s)
-    s = re.sub(r"\s+", " ", s).strip()
+    s = _WHITESPACE.sub(" ", s).strip()
     s = s.rstrip(".").strip()
     return s
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 from pt_eval.normalize import CURRENCIES, clean, units_differ
 
@@ -56,6 +57,7 @@ class Number:
     unit_word: str | None = None  # cm, dollar, \text{ apples}
 
 
+@lru_cache(maxsize=8192)
 def parse_number(text: str) -> Number | None:
     """``text`` as a plain number, or None when it is anything else (or too big)."""
     if len(text) > MAX_DIGITS + 200:
