@@ -27,7 +27,7 @@ from fractions import Fraction
 
 import sympy
 
-from pt_eval.normalize import normalize_text, units_differ
+from pt_eval.normalize import normalize_text, squash, units_differ
 from pt_eval.numbers import Number, rational_key
 from pt_eval.numbers import values_equal as rationals_equal
 from pt_eval.parse import (
@@ -43,7 +43,6 @@ from pt_eval.parse import (
     SetOf,
     SetOp,
     Text,
-    clean,
     is_name,
     parse_answer,
 )
@@ -75,7 +74,7 @@ def answers_match(gold: str, pred: str, policy: Policy | None = None) -> bool:
     Raises :class:`pt_eval.parse.TooLarge` when either side asks for too much work.
     """
     ctx = _Context(policy or DEFAULT_POLICY)
-    if _squash(gold) == _squash(pred):
+    if squash(gold) == squash(pred):
         return True
     return any(_match_one(g, p, ctx) for g in _readings(gold) for p in _readings(pred))
 
@@ -138,12 +137,6 @@ def _key(value) -> str:
     if isinstance(value, Text):
         return "text:" + value.text
     raise AssertionError(f"unknown value {value!r}")
-
-
-def _squash(text: str) -> str:
-    s = clean(text)
-    s = re.sub(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}", r"\1", s)
-    return re.sub(r"(?<!\d) | (?!\d)", "", s)  # "2 1/2" is not "21/2"
 
 
 def _try_parse(text: str):

@@ -25,6 +25,7 @@ from pt_core.errors import InputError
 from pt_core.files import atomic_path, iter_rows, split_path, write_rows
 from pt_core.log import get_logger, progress
 from pt_eval.extract import gold_answer
+from pt_eval.item import CORRECT_KEY
 from pt_eval.metrics import Problem, summarize, summarize_groups
 from pt_eval.policy import Policy
 from pt_eval.worker import DEFAULT_TIMEOUT, GradingPool
@@ -249,7 +250,9 @@ def grade_rows(
             )
         for r in mine:
             problem.correct.append(bool(r["correct"]))
-            problem.keys.append(r["key"] if r["status"] == "ok" else None)
+            # answers equal to the gold are equal to each other: one vote for the gold
+            key = CORRECT_KEY if r["correct"] else r["key"]
+            problem.keys.append(key if r["status"] == "ok" else None)
             problem.statuses.append(r["status"])
     _log_problems(results, problems)
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from pt_eval.extract import extract_answer
-from pt_eval.normalize import MAX_ANSWER_CHARS
+from pt_eval.normalize import MAX_ANSWER_CHARS, choice_letter, squash
 from pt_eval.numbers import number_key, numbers_equal, parse_number
 from pt_eval.policy import DEFAULT_POLICY, Policy
 
 MAX_PREDICTION_CHARS = 2_000_000  # about 500k tokens; a longer response is degenerate
 MAX_EXTRACTED_SHOWN = 1_000  # the grades file keeps this much of a very long extracted answer
+# every answer equal to the gold is one answer for majority voting (they equal each other)
+CORRECT_KEY = "correct"
 
 _cache: OrderedDict[tuple, tuple] = OrderedDict()
 _CACHE_SIZE = 20_000
@@ -50,6 +52,14 @@ def prepare(
         if gold_number is not None:
             correct = numbers_equal(gold_number, pred_number, policy.tolerance)
             return result(extracted, correct, "ok", key=number_key(pred_number)), extracted
+    if squash(extracted) == squash(gold):  # the gold itself, spaced or wrapped otherwise
+        return result(extracted, True, "ok", key=CORRECT_KEY), extracted
+    pred_letter = choice_letter(extracted)
+    if pred_letter is not None:
+        gold_letter = choice_letter(gold)
+        if gold_letter is not None:
+            key = "value:text:" + pred_letter
+            return result(extracted, pred_letter == gold_letter, "ok", key=key), extracted
     return None, extracted
 
 

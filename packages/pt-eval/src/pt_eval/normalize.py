@@ -192,6 +192,26 @@ def clean(text: str) -> str:
     return s
 
 
+_SQUASH_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+_SQUASH_SPACE = re.compile(r"(?<!\d) | (?!\d)")
+CHOICE = re.compile(r"\(?([A-Ea-e])\)?|\\text(?:bf)?\{\s*\(?([A-E])\)?\s*\}")
+
+
+def squash(text: str) -> str:
+    """An answer with its spacing and text wrappers removed: equal squashes are one answer
+    (digits apart stay apart: "2 1/2" is not "21/2")."""
+    return _SQUASH_SPACE.sub("", _SQUASH_TEXT.sub(r"\1", clean(text)))
+
+
+def choice_letter(text: str) -> str | None:
+    """The letter of a multiple-choice answer (``C``, ``(C)``, ``\\text{(C)}``), else None."""
+    s = clean(text)
+    m = CHOICE.fullmatch(s)
+    if m is None or s in "abcde":
+        return None
+    return (m.group(1) or m.group(2)).upper()
+
+
 _TEXT_WRAPPERS = re.compile(
     r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mbox|operatorname)\s*\{([^{}]*)\}"
 )

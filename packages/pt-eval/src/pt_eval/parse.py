@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from pt_eval.normalize import (
+    CHOICE,
     CURRENCIES,
     MAX_ANSWER_CHARS,
     clean,
@@ -1338,7 +1339,6 @@ class _Window:
 
 # --------------------------------------------------------------------------- entry points
 
-_CHOICE = re.compile(r"\(?([A-Ea-e])\)?|\\text(?:bf)?\{\s*\(?([A-E])\)?\s*\}")
 _CHOICE_WITH_VALUE = re.compile(
     r"(?:\\text(?:bf|rm)?\s*\{\s*\(([A-E])\)\s*\}|\(([A-E])\))\s*(\S.*)", re.DOTALL
 )
@@ -1351,7 +1351,7 @@ def parse_answer(text: str):
     s = clean(text)
     if not s:
         raise ParseError("empty answer")
-    choice = _CHOICE.fullmatch(s)
+    choice = CHOICE.fullmatch(s)
     if choice and s not in "abcde":
         return Text((choice.group(1) or choice.group(2)).upper())
     with_value = _CHOICE_WITH_VALUE.fullmatch(s)

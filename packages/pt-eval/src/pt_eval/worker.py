@@ -451,6 +451,8 @@ def fork_server(socket_path: str, memory_mb: int | None) -> None:
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass  # it had already exited and been reaped
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown of sympy's module graph: the pool waits for this
 
 
 def _reap(children: set[int]) -> None:
