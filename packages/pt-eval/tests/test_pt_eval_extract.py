@@ -77,3 +77,28 @@ def test_deep_braces_and_long_text_are_linear():
 )
 def test_gold_answer(value, expected):
     assert gold_answer(value) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\n" * 200_000,
+        " " * 200_000 + "x",
+        "$" * 100_000,
+        "\\boxed{" * 50_000,
+        "the answer is " * 20_000,
+        "#### " * 40_000,
+        "\\[\n" * 50_000,
+        "1," * 100_000,
+    ],
+    ids=["newlines", "spaces", "dollars", "open-boxes", "statements", "markers", "displays",
+         "commas"],
+)  # fmt: skip
+def test_extraction_is_linear_on_long_runs(text):
+    # Every scan is linear: these take about 10-50 ms here. The bound is loose on purpose
+    # (the machine is shared); a quadratic scan of 200k characters takes minutes, not seconds.
+    import time
+
+    start = time.perf_counter()
+    extract_answer(text, last_number=True)
+    assert time.perf_counter() - start < 2.0

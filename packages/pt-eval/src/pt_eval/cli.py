@@ -210,12 +210,14 @@ class _OneLineUsageErrors:
         self.app = typer_app
 
     def __call__(self, **kwargs):
-        import click
-
         try:
             return self.app(**kwargs)
-        except click.exceptions.UsageError as exc:
-            command = exc.ctx.command_path if exc.ctx is not None else "pt-eval"
+        except Exception as exc:
+            # click's UsageError, as typer bundles it (its class differs between versions)
+            if not any(c.__name__ == "UsageError" for c in type(exc).__mro__):
+                raise
+            ctx = getattr(exc, "ctx", None)
+            command = ctx.command_path if ctx is not None else "pt-eval"
             raise InputError(f"{exc.format_message()} (see {command} --help)") from None
 
 

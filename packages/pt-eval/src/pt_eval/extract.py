@@ -28,6 +28,7 @@ from pt_eval.normalize import undouble_escapes
 
 SHORT_ANSWER_CHARS = 120
 STATEMENT_WINDOW = 600  # characters after "the answer is" that may hold the answer
+MAX_STATEMENTS = 50  # answer statements looked at, from the last one back
 MAX_GAP_CHARS = 80  # text between two boxes that still joins them into one answer
 
 _END_OF_TURN = re.compile(r"<\|(?:im_end|im_start|endoftext|eot_id|end_of_text|end)\|>|</s>")
@@ -144,19 +145,24 @@ def stated_answer(text: str) -> str | None:
     if boxes:
         best = (boxes[-1][0], box_group_answer(text, boxes))
         after = boxes[-1][0]
-    for m in _STATEMENT.finditer(text, after):
+    # the last statements first: the first math-like one found is the answer
+    statements = list(_STATEMENT.finditer(text, after))[-MAX_STATEMENTS:]
+    for m in reversed(statements):
         phrase = answer_phrase(text[m.end() : m.end() + STATEMENT_WINDOW])
         if phrase is None:
             continue
         if _is_math_like(phrase):
             best = (m.start(), phrase)
-        else:
+            break
+        if words is None:
             words = (m.start(), phrase)
-    for m in _GSM8K.finditer(text, after):
-        if best is None or m.start() > best[0]:
-            phrase = answer_phrase(m.group(1))
-            if phrase is not None and _is_math_like(phrase):
-                best = (m.start(), phrase)
+    for m in reversed(list(_GSM8K.finditer(text, after))[-MAX_STATEMENTS:]):
+        if best is not None and m.start() < best[0]:
+            break
+        phrase = answer_phrase(m.group(1))
+        if phrase is not None and _is_math_like(phrase):
+            best = (m.start(), phrase)
+            break
     if best is not None:
         return best[1]
     return words[1] if words is not None else None

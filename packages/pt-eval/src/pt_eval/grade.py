@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,7 +145,12 @@ def _sample(value, where: str):
 
 
 def _message_content(message: dict, where: str):
-    content = message.get("content")
+    if "content" not in message:
+        raise InputError(
+            f"{where}the prediction is an object without 'content' ({_shown(message)})",
+            hint="point --pred-key at the text, e.g. --pred-key response.text",
+        )
+    content = message["content"]
     if content is None or isinstance(content, str):
         return content
     raise InputError(f"{where}a message's content is a {type(content).__name__}, not text")
@@ -466,23 +472,28 @@ def default_output(path: Path) -> Path:
 
 def check_output(out_path: Path) -> None:
     """Refuse an output that cannot be written, before any grading is done."""
+    if out_path.is_dir():
+        raise InputError(f"{out_path} is a directory", hint="pass --out with a file name")
     if out_path.suffix not in OUTPUT_SUFFIXES:
         raise InputError(
             f"{out_path}: cannot write grades as '{out_path.suffix or 'no suffix'}'",
             hint="name the output .jsonl, .parquet or .csv",
         )
-    if out_path.is_dir():
-        raise InputError(f"{out_path} is a directory", hint="pass --out with a file name")
-    existing = out_path.parent
+    existing = out_path.absolute().parent
     while not existing.exists():
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is not a directory")
+        # a real file, not os.access: that says yes to root on a read-only file system
+        fd, probe = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".probe", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
         raise InputError(
-            f"{out_path.parent}: cannot write the grades file there",
+            f"{out_path}: cannot write the grades file there ({exc.strerror or exc})",
             hint="pass --out with a writable path",
-        )
-    if out_path.exists() and not os.access(out_path, os.W_OK):
-        raise InputError(f"{out_path}: the file is not writable", hint="pass another --out")
+        ) from None
 
 
 def grade_file(
@@ -498,7 +509,10 @@ def grade_file(
     rows = read_input_rows(path)
     with GradingPool(options.workers, options.timeout, policy=options.policy) as pool:
         graded, summary = grade_rows(rows, options, source=str(path), pool=pool)
-    write_output(out_path, graded)
+    try:
+        write_output(out_path, graded)
+    except OSError as exc:
+        raise InputError(f"{out_path}: could not write the grades ({exc})") from None
     summary["input"] = str(path.resolve())
     return out_path, summary
 
