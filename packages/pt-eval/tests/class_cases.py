@@ -188,6 +188,9 @@ RESPONSES = [
     ("outside", "0.25", "The rate is $\\boxed{25}\\%$.", True, "25 percent is 0.25"),
     ("outside", "0.25", "The rate is $\\boxed{25}$.", False, "without the percent sign 25 is not 0.25"),
     ("outside", "76^\\circ", "The angle is $\\boxed{76}^\\circ$.", True, "a degree sign after the box"),
+    ("outside", "15\\mbox{ cm}^2", "The area is $\\boxed{15}\\text{ cm}^2$.", True, "the unit after the box is the gold's"),
+    ("outside", "5 \\text{ m}", "The length is $\\boxed{5}\\text{ cm}$.", False, "the unit after the box differs from the gold's"),
+    ("outside", "5", "So the length is $\\boxed{5}\\text{ and }$ we are done.", True, "a word after the box is not always a unit"),
     # ---------------------------------------------------------------- statements
     ("statements", "(8,-2)", "Therefore, the answer is $(8,-2)$.", True, "an unboxed answer in dollars"),
     ("statements", "42", "The final answer is 42", True, "a final answer without dollars"),
@@ -199,6 +202,9 @@ RESPONSES = [
     ("statements", "\\text{(A)}", "Adding them up, the answer is A = 48.", False, "A = 48 is not the letter A"),
     ("statements", "\\text{(C)}", "Comparing the options, the answer is (C).", True, "a choice letter"),
     ("statements", "34", "Final Answer: The largest $n$ is 34.", True, "a sentence that restates the answer"),
+    ("statements", "\\text{(D)}", "Checking each one, the correct option is (D).", True, "the correct option"),
+    ("statements", "0.035", "So the rate went up by 3.5%.", True, "the last number keeps its percent sign"),
+    ("statements", "3.5", "So the rate went up by 3.5%.", True, "a gold without the percent sign"),
     ("statements", "18", "Janet sells 16 - 3 - 4 = 9 eggs and makes 9 * 2 = 18 dollars.\n#### 18", True, "GSM8K marker"),
     ("statements", "18", "She makes $18 every day.", True, "a dollar sign before a number is currency"),
     # ---------------------------------------------------------------- cut-off responses

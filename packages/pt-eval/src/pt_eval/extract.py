@@ -35,7 +35,7 @@ _END_OF_TURN = re.compile(r"<\|(?:im_end|im_start|endoftext|eot_id|end_of_text|e
 _BOX_SCAN = re.compile(r"\\(?:boxed|fbox)[ \t]*\{|\\.|[{}]", re.DOTALL)
 _BARE_BOX = re.compile(r"\\boxed +([^\s${}\\]+)")
 _STATEMENT = re.compile(
-    r"(?<![A-Za-z])answers?(?:\*\*|__)?[ \t]*"
+    r"(?<![A-Za-z])(?:answers?|(?:correct|right|best)\s+(?:option|choice))(?:\*\*|__)?[ \t]*"
     r"(?:is|are|was|were|would be|will be|should be|becomes|:|=|：)(?![A-Za-z])"
     r"(?:[ \t]*(?:therefore|thus|then|simply|just|clearly|indeed|actually|now|still|finally|"
     r"given by|as follows|:|\*\*|__|,)(?![A-Za-z]))*[ \t]*",
@@ -78,10 +78,15 @@ _GAP_DENY = {
     "was", "the", "final", "answer", "correct", "wrong", "no", "yes",
 }  # fmt: skip
 _AFTER_BOX = re.compile(r"[ \t]*(\\%|%|\^\s*\{?\s*\\circ\s*\}?|°|\\text\s*\{\s*(?:\\%|%)\s*\})")
+_UNIT_AFTER_BOX = re.compile(
+    r"[ \t]*\\(?:text|mathrm|mbox|textrm)\s*\{\s*([A-Za-z ]{1,30}?)\s*\}(\^\s*\{?\d\}?)?"
+)
+_NOT_A_UNIT = {"and", "or", "is", "are", "the", "of", "for", "so", "which", "where", "to", "as",
+               "with", "when", "if", "then", "thus", "hence", "a", "an", "answer", "final"}  # fmt: skip
 _SPAN_TOKEN = re.compile(r"\\\$|\$\$|\$|\\\(|\\\)|\\\[|\\\]|\n")
 _NUMBER = re.compile(
     r"(?<![\w.,])(-?(?:\d+,\d{1,2}(?![\d,])|\d{1,3}(?:,\d{3})+(?!\d)|\d{1,3}(?: \d{3})+(?!\d)|\d+)"
-    r"(?:\.\d+)?(?:/\d+)?|-?\.\d+)"
+    r"(?:\.\d+)?(?:/\d+)?|-?\.\d+)([ \t]?\\?%)?"
 )
 _EXPLICIT_THOUSANDS = re.compile(r"(?<=\d)\s*(?:\{\s*,\s*\}|,\\!\s*|,\\,\s*)(?=\d{3}(?!\d))")
 _UNFINISHED_END = re.compile(r"[A-Za-z0-9,(+\-=*/^_{\\&]\Z")
@@ -301,6 +306,12 @@ def box_group_answer(text: str, boxes: list[tuple[int, int, str]]) -> str:
     if after is not None and len(group) == 1:
         mark = after.group(1)
         answer += "\\%" if "%" in mark else "^\\circ"
+    unit = _UNIT_AFTER_BOX.match(text, boxes[-1][1])
+    if unit is not None and len(group) == 1 and after is None:
+        words = unit.group(1).split()
+        if len(words) <= 2 and not any(w.lower() in _NOT_A_UNIT for w in words):
+            # \boxed{5}\text{ cm}: the unit counts
+            answer += f" \\text{{ {' '.join(words)}}}" + (unit.group(2) or "")
     return answer
 
 
@@ -395,9 +406,10 @@ def _last_number(text: str) -> tuple[str | None, int]:
     if found is None:
         return None, -1
     number = found.group(1)
+    percent = "\\%" if found.group(2) else ""  # 3.5% keeps its percent sign
     if re.fullmatch(r"-?\d+,\d{1,2}", number):
-        return number.replace(",", "."), found.start()  # 2,74: a decimal comma
-    return number.replace(",", "").replace(" ", ""), found.start()
+        return number.replace(",", ".") + percent, found.start()  # 2,74: a decimal comma
+    return number.replace(",", "").replace(" ", "") + percent, found.start()
 
 
 def _trim(answer: str) -> str:

@@ -8,7 +8,8 @@ A *problem* has n samples, c of them correct.
   to the smallest n (and that n itself); a problem with no samples at all counts as
   failed (0) and does not lower n;
 - maj@n: the answer given most often (equal answers grouped by their canonical
-  form; a tie goes to the answer seen first) is right.
+  form, and every answer equal to the gold counted as one; a tie goes to the answer
+  seen first) is right.
 """
 
 from __future__ import annotations
