@@ -385,6 +385,8 @@ def _last_span(text: str) -> tuple[str | None, int]:
 
 
 def _span(content: str, end: int, previous: tuple) -> tuple[str | None, int]:
+    if not content.strip():
+        return previous
     trimmed = _trim(content)
     return (trimmed, end) if trimmed else previous
 
