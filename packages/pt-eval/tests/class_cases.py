@@ -85,6 +85,10 @@ ANSWERS = [
     ("units", "120", "12 \\text{ miles}", False, "a unit does not hide a wrong number"),
     ("units", "18", "18 \\text{ apples}", True, "any word after the number is its unit"),
     ("units", "18", "18 \\text{ eggs per day}", True, "a unit of several words"),
+    ("units", "5", "x = 5 \\text{ is impossible}", False, "a sentence after a value is not a unit"),
+    ("units", "5 \\text{ min}", "5 \\text{ minutes}", True, "min is minutes"),
+    ("units", "5 \\text{ min}", "5 \\text{ hours}", False, "minutes are not hours"),
+    ("units", "3", "3 \\text{ or more}", False, "at least three is not three"),
     ("units", "\\frac{270}7\\text{ degrees}", "\\frac{270}{7}^\\circ", True, "the word degrees and the degree sign"),
     # ---------------------------------------------------------------- separators
     ("separators", "58,500", "58\\,500", True, "a thin space between groups of three digits"),

@@ -16,17 +16,24 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
-from pt_eval.normalize import CURRENCIES, clean, units_differ
+from pt_eval.normalize import CURRENCIES, clean, strip_text_wrappers, units_differ
 
 MAX_DIGITS = 4_000  # the full parser's literal limit (pt_eval.parse.MAX_LITERAL_DIGITS)
 MAX_EXPONENT = 400  # e-notation beyond this goes to the full parser
 PERCENT_WORDS = {"percent", "percentage", "percents", "pct"}
 DEGREE_WORDS = {"degree", "degrees", "deg"}
-# plain words that are never a unit: separators, functions, constants
+# words that are never a unit: separators and the words of a sentence ("5 is impossible")
 NOT_UNITS = {
-    "and", "or", "sin", "cos", "tan", "cot", "sec", "csc", "log", "exp", "sqrt", "gcd", "lcm",
+    "and", "or", "is", "are", "was", "were", "be", "not", "no", "can", "cannot", "it", "this",
+    "that", "there", "if", "when", "because", "since", "so", "but", "only", "none",
+    "impossible", "undefined", "more", "less", "than", "at", "least", "most", "about",
+    "approximately", "times", "cdot", "div", "frac", "mod", "pmod",
+}  # fmt: skip
+# function and constant names: a unit only inside \text{} ("5 \text{ min}"), not bare
+FUNCTION_WORDS = {
+    "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "lg", "exp", "sqrt", "gcd", "lcm",
     "max", "min", "inf", "infty", "infinity", "arcsin", "arccos", "arctan", "sinh", "cosh",
-    "tanh", "floor", "ceil", "abs", "mod", "pmod", "times", "cdot", "div", "frac",
+    "tanh", "floor", "ceil", "abs", "deg", "pi",
 }  # fmt: skip
 # two-letter runs read as a unit (a longer run is always a word; a single letter never is)
 TWO_LETTER_UNITS = {"cm", "mm", "km", "in", "ft", "yd", "mi", "kg", "lb", "oz", "ml", "hr",
@@ -74,13 +81,17 @@ def parse_number(text: str) -> Number | None:
         unit_word = CURRENCIES[currencies[0][1:]]
     if m.group("unit"):
         words = m.group("unit")
-        plain = re.fullmatch(r"([A-Za-z ]+?)\s*(?:\^\s*\{?\d\}?)?", words)
+        inner = strip_text_wrappers(words)
+        if any(w.lower() in NOT_UNITS for w in re.findall(r"[A-Za-z]+", inner)):
+            return None
+        plain = re.fullmatch(r"\s*([A-Za-z ]+?)\s*(?:\^\s*\{?\d\}?)?", inner)
         if plain is not None:
             parts = plain.group(1).split()
-            if any(p.lower() in NOT_UNITS for p in parts):
-                return None
-            if any(len(p) == 2 and p not in TWO_LETTER_UNITS for p in parts):
-                return None  # "5 ab" is 5ab, not five of a unit
+            if inner == words and any(
+                (len(p) == 2 and p not in TWO_LETTER_UNITS) or p.lower() in FUNCTION_WORDS
+                for p in parts
+            ):
+                return None  # "5 ab" is 5ab and "5 min" a function: not five of a unit
             low = plain.group(1).strip().lower()
             if low in PERCENT_WORDS:
                 unit = "percent"

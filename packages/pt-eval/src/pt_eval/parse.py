@@ -624,7 +624,7 @@ class _Parser:
                 unit = "percent" if unit is None else _two_units()
             elif word in DEGREE_WORDS:
                 unit = "degree" if unit is None else _two_units()
-            elif word in NOT_UNITS:
+            elif word in NOT_UNITS or any(w in NOT_UNITS for w in word.split()):
                 raise ParseError(f"{word!r} after a value")
             else:
                 unit_words.append(t.value)
