@@ -215,6 +215,7 @@ RESPONSES = [
     ("truncated", "7", "We compute 3 + 4 = 7 and then multiply by", False, "a response cut off mid-sentence states no answer"),
     ("truncated", "7", "We compute 3 + 4 = 7, so the total is 7.", True, "a finished response: its last number"),
     ("truncated", "12", "<think>12 looks right, but let me check the case n = 3 where", False, "thinking that never ended"),
+    ("truncated", "18", "So the total is **18**", True, "a bold number ends a statement"),
     # ---------------------------------------------------------------- separators in responses
     ("separators", "12345", "The total is $\\boxed{12\\,345}$.", True, "a thin space in a boxed number"),
     ("separators", "(3,331)", "The pair is $\\boxed{(3,331)}$.", True, "a boxed pair"),

@@ -227,6 +227,7 @@ CASES = [
     ("\\lfloor\\sqrt{n-1}\\rfloor", "\\left\\lfloor\\sqrt{n-1}\\right\\rfloor", True, "floor"),
     ("\\lceil n / 2\\rceil+1", "\\lceil \\frac{n}{2} \\rceil + 1", True, "ceiling"),
     ("\\lceil n / 2\\rceil+1", "\\lfloor n / 2\\rfloor+1", False, "floor is not ceiling"),
+    ("\\left\\lfloor\\log _{2} n\\right\\rfloor+1", "\\lfloor \\log_3 n \\rfloor + 1", False, "a different log base inside a floor (log 0 is no value)"),
     ("\\binom{2n}{n}", "\\dbinom{2n}{n}", True, "binomial"),
     ("\\binom{2n}{n}", "\\binom{2n}{2}", False, "a different binomial"),
     ("\\binom{6}{2}", "15", True, "a numeric binomial is evaluated"),

@@ -24,6 +24,15 @@ from pt_eval.worker import DEFAULT_TIMEOUT
 
 app = make_app("pt-eval", "Extract and grade math answers; pass@k and benchmark runs.", __version__)
 
+NUMERIC_TOLERANCE = typer.Option(
+    None,
+    "--numeric-tolerance",
+    min=0.0,
+    max=0.5,
+    help="Also accept two numbers within this relative tolerance (1e-4 is the Qwen2.5-Math "
+    "/ DFT evaluation's). Default: exact, a decimal gold judged at its own precision.",
+)
+
 
 def upstream_path(value: str, expected: tuple[str, ...] | None, what: str) -> Path:
     """``value`` as a path; ``-`` reads the upstream stage's manifest from stdin."""
@@ -90,14 +99,7 @@ def grade(
         min=0.1,
         help="Seconds allowed per sample before it is marked timeout.",
     ),
-    numeric_tolerance: float = typer.Option(
-        None,
-        "--numeric-tolerance",
-        min=0.0,
-        max=0.5,
-        help="Also accept two numbers within this relative tolerance (1e-4 is the Qwen2.5-Math "
-        "/ DFT evaluation's). Default: exact, a decimal gold judged at its own precision.",
-    ),
+    numeric_tolerance: float = NUMERIC_TOLERANCE,
     last_number: bool = typer.Option(
         None,
         "--last-number/--no-last-number",
@@ -178,13 +180,7 @@ def run(
     data_parallel: int = typer.Option(
         1, "--data-parallel", min=1, help="Engines, one per GPU group."
     ),
-    numeric_tolerance: float = typer.Option(
-        None,
-        "--numeric-tolerance",
-        min=0.0,
-        max=0.5,
-        help="Grade with this relative numeric tolerance (see pt-eval grade).",
-    ),
+    numeric_tolerance: float = NUMERIC_TOLERANCE,
 ) -> None:
     """Generate n samples per benchmark problem with the standard math prompt, then grade."""
     from pt_eval.run import run_benchmark

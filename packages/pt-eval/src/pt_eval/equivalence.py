@@ -714,7 +714,10 @@ def _approximately(a, b, g, p, ctx, va=None, vb=None) -> bool:
 
 
 def _evaluate(expr, subs=None):
-    value = expr.evalf(NUMERIC_DIGITS, subs=subs)
+    try:
+        value = expr.evalf(NUMERIC_DIGITS, subs=subs)
+    except (ValueError, TypeError, ZeroDivisionError, ArithmeticError):
+        return None  # floor(log 0) and the like: no value at this point
     if not value.is_number or value.has(sympy.nan, sympy.zoo, sympy.oo, -sympy.oo):
         return None
     re_part, im_part = value.as_real_imag()

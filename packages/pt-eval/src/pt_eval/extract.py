@@ -134,6 +134,8 @@ def extract_answer(
 
 def finished(text: str) -> bool:
     """The response ends as a statement ends, not in the middle of a word or formula."""
+    if text.rstrip().endswith(("**", "__")):
+        return True  # a bold last line: "The total is **18**"
     tail = text.rstrip().rstrip("*_\"'` \t\n")
     return bool(tail) and _UNFINISHED_END.search(tail) is None
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pt_core.errors import InputError
-from pt_core.files import atomic_path, iter_rows, split_path, write_rows
+from pt_core.files import atomic_path, iter_rows, row_files, split_path, write_rows
 from pt_core.log import get_logger, progress
 from pt_eval.extract import gold_answer
 from pt_eval.item import CORRECT_KEY
@@ -311,24 +311,19 @@ def read_input_rows(path: str | os.PathLike) -> list[dict]:
     the file and line.
     """
     path = split_path(path)
-    if path.is_dir():
+    if path.is_file() and path.suffix not in INPUT_SUFFIXES:
+        raise InputError(
+            f"{path}: unknown row file type '{path.suffix}'",
+            hint="use .jsonl, .json (an array of objects), .parquet or .csv",
+        )
+    if path.suffix == ".csv" and path.is_file():
+        files = [path]
+    elif path.is_dir() and any(f.suffix == ".csv" for f in path.iterdir()):
         files = sorted(
             f for f in path.iterdir() if f.suffix in INPUT_SUFFIXES and not f.name.startswith(".")
         )
-        if not files:
-            raise InputError(
-                f"{path}: directory holds no .jsonl, .json, .parquet or .csv files",
-                hint="point at a prediction file or at a directory of shards",
-            )
-    elif not path.exists():
-        raise InputError(f"{path}: no such file or directory")
     else:
-        if path.suffix not in INPUT_SUFFIXES:
-            raise InputError(
-                f"{path}: unknown row file type '{path.suffix}'",
-                hint="use .jsonl, .json (an array of objects), .parquet or .csv",
-            )
-        files = [path]
+        files = row_files(path)  # jsonl, json and parquet files, or a directory of them
     rows: list[dict] = []
     for f in files:
         if f.suffix == ".jsonl":

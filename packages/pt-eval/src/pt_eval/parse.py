@@ -445,13 +445,7 @@ class _Parser:
 
     def parse_item(self):
         """A relation chain, a ratio, a set expression, or a plain expression."""
-        first = self.parse_setexpr()
-        if self.at("op", ":") and isinstance(first, Scalar):
-            parts = [first]
-            while self.at("op", ":"):
-                self.next()
-                parts.append(self.parse_scalar())
-            first = Ratio(tuple(parts))
+        first = self._ratio(self.parse_setexpr())
         parts, ops = [first], []
         while True:
             t = self.tok
@@ -464,17 +458,20 @@ class _Parser:
                 break
             self.next()
             ops.append(op)
-            part = self.parse_setexpr()
-            if self.at("op", ":") and isinstance(part, Scalar):
-                ratio = [part]
-                while self.at("op", ":"):
-                    self.next()
-                    ratio.append(self.parse_scalar())
-                part = Ratio(tuple(ratio))
-            parts.append(part)
+            parts.append(self._ratio(self.parse_setexpr()))
         if not ops:
             return first
         return _drop_approximation(Relation(tuple(parts), tuple(ops)))
+
+    def _ratio(self, first):
+        """``3:4``, ``S_{MBCN}:S``: a value followed by colons and more values."""
+        if not (self.at("op", ":") and isinstance(first, Scalar)):
+            return first
+        parts = [first]
+        while self.at("op", ":"):
+            self.next()
+            parts.append(self.parse_scalar())
+        return Ratio(tuple(parts))
 
     def parse_setexpr(self):
         first = self.parse_value()
