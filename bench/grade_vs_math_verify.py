@@ -1,13 +1,19 @@
-"""Grade the 800 responses of shared/predictions/math_cot_100.jsonl with pt-eval and with
-Math-Verify in the same run; print both throughputs, their ratio, and every disagreement
-(with each other, and with the file's own `score` column).
+"""pt-eval against Math-Verify as whole processes, as a user runs them: the 3,200 responses
+of shared/predictions/math_cot_100.jsonl taken four times, and a one-row file.
 
-    uv run --no-sync python bench/grade_vs_math_verify.py [--workers N] [--file PATH]
+    uv run --no-sync python bench/grade_vs_math_verify.py [--repeats 5] [--copies 4]
 
-Throughput is measured twice for each grader: "warm" counts only grading (pt-eval's
-worker processes already started, Math-Verify already imported), "cold" includes
-starting the workers / importing the package. Math-Verify runs in the main thread, as
-its signal-based timeout requires; pt-eval uses its default worker pool.
+Each run starts a fresh process: ``pt-eval grade FILE --gold-key gt`` and a Python script
+that imports Math-Verify and calls ``verify(parse("$" + gt + "$"), parse(response))`` for
+every response (its documented use). The two alternate, several times, and the medians
+are compared. Then the answers of both are compared with each other and with the file's
+own ``score`` column, and every disagreement is printed. The last stdout line is one JSON
+object with the figures.
+
+Both run with Python's bytecode cache, as in a normal installation (this machine sets
+PYTHONDONTWRITEBYTECODE, so the cache goes to a temporary PYTHONPYCACHEPREFIX, filled by
+one untimed run of each). ``--no-bytecode-cache`` measures without it: every process then
+compiles sympy, Math-Verify and pt-eval from source.
 """
 
 from __future__ import annotations
@@ -15,112 +21,146 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+MATH_VERIFY_SCRIPT = """\
+import json, sys
+from math_verify import parse, verify
+results = []
+for line in open(sys.argv[1], encoding="utf-8"):
+    row = json.loads(line)
+    gold = parse("$" + str(row["gt"]) + "$")
+    for response in row["code"]:
+        results.append(bool(verify(gold, parse(response))))
+with open(sys.argv[2], "w") as fh:
+    json.dump(results, fh)
+"""
 
-def load(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+
+def write_copies(source: Path, out: Path, copies: int, limit: int | None = None) -> int:
+    """``copies`` copies of the rows (each copy with its own ids); returns the responses."""
+    rows = [json.loads(line) for line in source.read_text(encoding="utf-8").splitlines()]
+    rows = rows[:limit] if limit else rows
+    responses = 0
+    with open(out, "w", encoding="utf-8") as fh:
+        for copy in range(copies):
+            for row in rows:
+                fh.write(json.dumps({**row, "idx": f"{copy}-{row['idx']}"}) + "\n")
+                responses += len(row["code"])
+    return responses
 
 
-def run_pt_eval(items, workers):
-    from pt_eval.worker import GradingPool
-
+def timed(cmd: list[str], env: dict) -> float:
     start = time.perf_counter()
-    pool = GradingPool(workers=workers)
-    pool.wait_ready()
-    ready = time.perf_counter()
-    results = pool.grade(items)
-    done = time.perf_counter()
-    pool.close()
-    return results, done - ready, done - start, pool.size
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return elapsed
 
 
-def run_pt_eval_uncached(items):
-    """One process, no pool, the (gold, answer) cache cleared before every item: the cost of
-    grading itself, with neither parallelism nor repeated answers helping."""
-    import pt_eval.item as item
+def compare(data: Path, tmp: Path, repeats: int, env: dict, name: str) -> dict:
+    bindir = Path(sys.executable).parent
+    mv_script = tmp / "math_verify_grade.py"
+    mv_script.write_text(MATH_VERIFY_SCRIPT)
+    pt_out, mv_out = tmp / f"{name}.grades.jsonl", tmp / f"{name}.mv.json"
+    pt_cmd = [str(bindir / "pt-eval"), "-q", "grade", str(data), "--gold-key", "gt",
+              "--pred-key", "code", "-o", str(pt_out)]  # fmt: skip
+    mv_cmd = [sys.executable, str(mv_script), str(data), str(mv_out)]
+    timed(pt_cmd, env), timed(mv_cmd, env)  # untimed: fills the bytecode cache
+    pt_times, mv_times = [], []
+    for rep in range(repeats):
+        # alternate which one goes first, so neither always meets a warmer page cache
+        order = (
+            [("pt", pt_cmd), ("mv", mv_cmd)] if rep % 2 == 0 else [("mv", mv_cmd), ("pt", pt_cmd)]
+        )
+        for which, cmd in order:
+            (pt_times if which == "pt" else mv_times).append(timed(cmd, env))
+    pt_s, mv_s = statistics.median(pt_times), statistics.median(mv_times)
+    print(f"{name}: pt-eval {pt_s:.2f}s (runs {', '.join(f'{t:.2f}' for t in pt_times)}), "
+          f"math-verify {mv_s:.2f}s (runs {', '.join(f'{t:.2f}' for t in mv_times)}), "
+          f"ratio {mv_s / pt_s:.2f}x")  # fmt: skip
+    return {"pt_eval_s": round(pt_s, 3), "math_verify_s": round(mv_s, 3),
+            "ratio": round(mv_s / pt_s, 2), "pt_out": pt_out, "mv_out": mv_out}  # fmt: skip
 
-    item.warm_up()
-    start = time.perf_counter()
-    for prediction, gold in items:
-        item._cache.clear()
-        item.grade_item(prediction, gold)
-    return time.perf_counter() - start
 
-
-def run_math_verify(rows):
-    start = time.perf_counter()
-    from math_verify import parse, verify
-
-    ready = time.perf_counter()
-    results = []
-    for row in rows:
-        gold = parse("$" + str(row["gt"]) + "$")
-        for response in row["code"]:
-            pred = parse(response)
-            results.append((bool(verify(gold, pred)), [str(p) for p in pred]))
-    done = time.perf_counter()
-    return results, done - ready, done - start
+def disagreements(data: Path, pt_out: Path, mv_out: Path) -> dict:
+    rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines()]
+    graded = [json.loads(line) for line in pt_out.read_text(encoding="utf-8").splitlines()]
+    mv = json.loads(mv_out.read_text())
+    pt, extracted, scores, golds = [], [], [], []
+    for row, g in zip(rows, graded, strict=True):
+        pt += g["correct"]
+        extracted += g["extracted"]
+        scores += [bool(s) for s in row["score"]]
+        golds += [row["gt"]] * len(row["code"])
+    n = len(pt)
+    print(f"\naccuracy on {n}: pt-eval {sum(pt) / n:.4f}, math-verify {sum(mv) / n:.4f}, "
+          f"file score {sum(scores) / n:.4f}")  # fmt: skip
+    print("disagreements (sample | gold | pt-eval extracted | pt-eval | math-verify | score):")
+    seen = set()
+    for i in range(n):
+        if pt[i] == mv[i] == scores[i]:
+            continue
+        key = (golds[i], extracted[i], pt[i], mv[i], scores[i])
+        if key in seen:
+            continue
+        seen.add(key)
+        print(f"  {i} | {golds[i]!r} | {extracted[i]!r} | {pt[i]} | {mv[i]} | {scores[i]}")
+    return {
+        "agree_math_verify": sum(a == b for a, b in zip(pt, mv, strict=True)),
+        "agree_score": sum(a == b for a, b in zip(pt, scores, strict=True)),
+        "responses": n,
+    }
 
 
 def main() -> None:
-    from pt_eval.benchmarks import shared_dir
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--file", type=Path, default=None)
-    parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--copies", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-bytecode-cache", action="store_true",
+                        help="compile every module from source in every process")  # fmt: skip
     args = parser.parse_args()
-    path = args.file or shared_dir() / "predictions" / "math_cot_100.jsonl"
-    rows = load(path)
-    items = [(response, row["gt"]) for row in rows for response in row["code"]]
-    scores = [bool(s) for row in rows for s in row["score"]]
-    golds = [row["gt"] for row in rows for _ in row["code"]]
-    n = len(items)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages/pt-eval/src"))
+    from pt_eval.benchmarks import shared_dir
 
-    # Math-Verify first, so that its cold time includes importing sympy (the pt-eval side
-    # never imports sympy in this process: its fork server does)
-    mv_results, mv_warm, mv_cold = run_math_verify(rows)
-    pt_results, pt_warm, pt_cold, workers = run_pt_eval(items, args.workers)
-    pt_single = run_pt_eval_uncached(items)
-    pt_correct = [bool(r["correct"]) for r in pt_results]
-    mv_correct = [r[0] for r in mv_results]
-
+    source = args.file or shared_dir() / "predictions" / "math_cot_100.jsonl"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"{n} responses, {cores} CPU cores, pt-eval with {workers} worker process(es)")
-    print(f"pt-eval     warm {n / pt_warm:8.0f} responses/s ({pt_warm:.2f}s)   "
-          f"cold {n / pt_cold:8.0f}/s ({pt_cold:.2f}s incl. starting workers)")  # fmt: skip
-    print(f"math-verify warm {n / mv_warm:8.0f} responses/s ({mv_warm:.2f}s)   "
-          f"cold {n / mv_cold:8.0f}/s ({mv_cold:.2f}s incl. import)")  # fmt: skip
-    print(f"pt-eval in one process, no answer cache: {n / pt_single:8.0f} responses/s")
-    print(
-        f"ratio pt-eval / math-verify: warm {mv_warm / pt_warm:.2f}x, cold {mv_cold / pt_cold:.2f}x, "
-        f"one process uncached {mv_warm / pt_single:.2f}x"
-    )
-    print()
-    print(f"accuracy: pt-eval {sum(pt_correct) / n:.4f}, math-verify {sum(mv_correct) / n:.4f}, "
-          f"file score {sum(scores) / n:.4f}")  # fmt: skip
-    statuses = {}
-    for r in pt_results:
-        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-    print(f"pt-eval statuses: {statuses}")
-    agree_score = sum(a == b for a, b in zip(pt_correct, scores, strict=True))
-    agree_mv = sum(a == b for a, b in zip(pt_correct, mv_correct, strict=True))
-    print(f"pt-eval agrees with the file's score on {agree_score}/{n} ({agree_score / n:.2%}), "
-          f"with math-verify on {agree_mv}/{n} ({agree_mv / n:.2%})")  # fmt: skip
-    print()
-    print("disagreements (row.sample | gold | pt-eval extracted | pt-eval | math-verify | score):")
-    for i in range(n):
-        if pt_correct[i] == scores[i] == mv_correct[i]:
-            continue
-        row, sample = divmod(i, len(rows[0]["code"]))
-        mv_pred = mv_results[i][1][-1] if mv_results[i][1] else None
-        print(f"  {row}.{sample} | gold {golds[i]!r} | extracted {pt_results[i]['extracted']!r} | "
-              f"pt-eval {pt_correct[i]} | math-verify {mv_correct[i]} (parsed {mv_pred!r}) | "
-              f"score {scores[i]}")  # fmt: skip
-    sys.stdout.flush()
+    print(f"{cores} CPU cores, load average {os.getloadavg()[0]:.1f} at the start")
+    with tempfile.TemporaryDirectory(prefix="grade-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if args.no_bytecode_cache:
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+            env.pop("PYTHONPYCACHEPREFIX", None)
+        else:
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
+        big, one = tmp / "responses.jsonl", tmp / "one-row.jsonl"
+        responses = write_copies(source, big, args.copies)
+        write_copies(source, one, 1, limit=1)
+        print(f"{responses} responses ({args.copies} copies of {source.name}); one row of "
+              f"{len(json.loads(one.read_text())['code'])} responses")  # fmt: skip
+        many = compare(big, tmp, args.repeats, env, "responses")
+        single = compare(one, tmp, args.repeats, env, "one-row")
+        agreement = disagreements(big, many["pt_out"], many["mv_out"])
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    print(json.dumps({
+        "responses": responses, "repeats": args.repeats,
+        "bytecode_cache": not args.no_bytecode_cache,
+        "pt_eval_s": many["pt_eval_s"], "math_verify_s": many["math_verify_s"],
+        "ratio": many["ratio"],
+        "one_row_pt_eval_s": single["pt_eval_s"], "one_row_math_verify_s": single["math_verify_s"],
+        "one_row_ratio": single["ratio"],
+        "agree_math_verify": agreement["agree_math_verify"],
+        "agree_score": agreement["agree_score"],
+    }))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -81,3 +81,25 @@ def test_pt_eval_run_generates_with_the_math_prompt_and_grades(
     text = tiny_tokenizer.decode(rollout["prompt_token_ids"])
     assert f"<|im_start|>system\n{MATH_PROMPT}<|im_end|>" in text
     assert gsm8k_rows[0]["question"] in text
+
+
+def test_pt_eval_run_takes_the_checkpoint_manifest_and_a_benchmark_directory(
+    tmp_path, tiny_model_dir, cli
+):
+    # what `pt-train run ... | pt-eval run --model -` hands over: the checkpoint manifest;
+    # the benchmark is found by name in --benchmarks-dir, its problem in the column named
+    benchmarks = tmp_path / "benchmarks"
+    write_rows(benchmarks / "gsm8k" / "test.jsonl",
+               [{"id": i, "text": f"What is {i} + 1?", "answer": f"#### {i + 1}"}
+                for i in range(2)])  # fmt: skip
+    upstream = json.dumps({"kind": "checkpoint", "path": str(tiny_model_dir), "step": 5}) + "\n"
+    out = tmp_path / "eval"
+    proc = cli("pt-eval", "run", "--model", "-", "--benchmark", "gsm8k",
+               "--benchmarks-dir", benchmarks, "--prompt-key", "text", "--n", "1",
+               "--max-tokens", "4", "--engine", "hf", "--out", out, input=upstream,
+               env=THREADS)  # fmt: skip
+    manifest = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert manifest["model"] == str(tiny_model_dir) and manifest["samples"] == 2
+    prompts = read_rows(out / "prompts.jsonl")
+    assert [p["prompt"] for p in prompts] == ["What is 0 + 1?", "What is 1 + 1?"]
+    assert [g["answer"] for g in read_rows(out / "grades.jsonl")] == ["1", "2"]

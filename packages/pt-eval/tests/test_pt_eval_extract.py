@@ -30,7 +30,7 @@ from pt_eval.extract import extract_answer, gold_answer, last_boxed
         ("Therefore, the answer is 42.", "42", "the answer is"),
         ("So the answer is $\\frac{2}{3}$, which is", "\\frac{2}{3}", "the answer is, in dollars"),
         ("Janet sells 9 eggs.\n#### 18", "18", "GSM8K"),
-        ("I compared them all. The answer is (C).", "C", "a multiple-choice letter"),
+        ("I compared them all. The answer is (C).", "(C)", "a multiple-choice letter"),
         ("Answer: B", "B", "an answer line with a letter"),
         ("<think>maybe \\boxed{1}</think> so \\boxed{2}", "2", "only text after </think> counts"),
         (
@@ -39,8 +39,9 @@ from pt_eval.extract import extract_answer, gold_answer, last_boxed
             "a box inside the thinking is not an answer",
         ),
         ("\\frac{1}{2}", "\\frac{1}{2}", "a bare short answer"),
-        ("We have 3 apples and then 7 more", "7", "the last number as a fallback"),
-        ("We get 1,234 in total", "1234", "the last number keeps its thousands"),
+        ("We have 3 apples and then 7 more.", "7", "the last number of a finished response"),
+        ("We have 3 apples and then 7 more", None, "a response that stops mid-sentence"),
+        ("We get 1,234 in total.", "1234", "the last number keeps its thousands"),
         ("", None, "an empty response"),
         ("No idea.", None, "no number at all"),
     ],
@@ -76,3 +77,28 @@ def test_deep_braces_and_long_text_are_linear():
 )
 def test_gold_answer(value, expected):
     assert gold_answer(value) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\n" * 200_000,
+        " " * 200_000 + "x",
+        "$" * 100_000,
+        "\\boxed{" * 50_000,
+        "the answer is " * 20_000,
+        "#### " * 40_000,
+        "\\[\n" * 50_000,
+        "1," * 100_000,
+    ],
+    ids=["newlines", "spaces", "dollars", "open-boxes", "statements", "markers", "displays",
+         "commas"],
+)  # fmt: skip
+def test_extraction_is_linear_on_long_runs(text):
+    # Every scan is linear: these take about 10-50 ms here. The bound is loose on purpose
+    # (the machine is shared); a quadratic scan of 200k characters takes minutes, not seconds.
+    import time
+
+    start = time.perf_counter()
+    extract_answer(text, last_number=True)
+    assert time.perf_counter() - start < 2.0

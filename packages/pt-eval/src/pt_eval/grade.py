@@ -1,32 +1,45 @@
-"""Grade a prediction file: any jsonl/json/parquet with a response and a gold answer per row.
+"""Grade a prediction file: any jsonl/json/parquet/csv with a response and a gold answer per row.
 
-    summary = grade_file("rollouts.jsonl", "rollouts.grades.jsonl", group_keys=["level"])
+    path, summary = grade_file("rollouts.jsonl", "rollouts.grades.jsonl",
+                               GradeOptions(group_keys=["level"]))
 
-A row's prediction may be one string or a list of strings (k samples of one
-problem); rows that share an id are samples of the same problem too. The
-grades file is every input row plus ``extracted``, ``correct`` and
-``grade_status`` (lists when the prediction is a list).
+A row's prediction may be one string or a list of strings (k samples of one problem;
+lm-evaluation-harness's ``resps``, a list of lists, is flattened); rows that share an id
+are samples of the same problem too. Column names may be dotted paths into nested
+objects (``doc.answer``). The grades file is every input row plus ``extracted``,
+``correct`` and ``grade_status`` (lists when the prediction is a list).
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
-from collections.abc import Iterable
+import re
+import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pt_core.errors import InputError
-from pt_core.files import iter_rows, split_path, write_rows
+from pt_core.files import atomic_path, iter_rows, row_files, split_path, write_rows
 from pt_core.log import get_logger, progress
 from pt_eval.extract import gold_answer
+from pt_eval.item import CORRECT_KEY
 from pt_eval.metrics import Problem, summarize, summarize_groups
+from pt_eval.policy import Policy
 from pt_eval.worker import DEFAULT_TIMEOUT, GradingPool
 
 log = get_logger(__name__)
 
-PRED_KEYS = ("completion", "prediction", "response", "code")
-GOLD_KEYS = ("answer", "gold", "gt", "final_answer")
-ID_KEYS = ("id", "idx", "unique_id", "problem_id", "question_id")
+PRED_KEYS = ("completion", "prediction", "response", "code", "filtered_resps", "resps")
+GOLD_KEYS = ("answer", "gold", "gt", "final_answer", "target")
+ID_KEYS = ("id", "idx", "unique_id", "problem_id", "question_id", "doc_id")
+FINISH_KEY = "finish_reason"
+TRUNCATED_REASONS = {"length", "max_tokens"}
+OUTPUT_SUFFIXES = (".jsonl", ".parquet", ".csv")
+INPUT_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 
 
 @dataclass
@@ -37,7 +50,35 @@ class GradeOptions:
     group_keys: list[str] = field(default_factory=list)
     workers: int | None = None
     timeout: float = DEFAULT_TIMEOUT
-    last_number: bool = True
+    numeric_tolerance: float | None = None
+    last_number: bool | None = None  # None: only for responses that finished
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(numeric_tolerance=self.numeric_tolerance, last_number=self.last_number)
+
+
+# --------------------------------------------------------------------------- columns
+
+
+def lookup(row: dict, key: str):
+    """``row[key]``, or for a dotted key the value at that path in nested objects."""
+    if key in row:
+        return row[key]
+    value = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(key)
+        value = value[part]
+    return value
+
+
+def has_key(row: dict, key: str) -> bool:
+    try:
+        lookup(row, key)
+    except KeyError:
+        return False
+    return True
 
 
 def pick_key(
@@ -45,11 +86,11 @@ def pick_key(
 ) -> str:
     """The column to read ``what`` from: the one given, or the first default present."""
     if given is not None:
-        if given not in row:
+        if not has_key(row, given):
             raise InputError(
                 f"{source}: no column {given!r} for the {what}; the rows have: "
                 f"{', '.join(map(repr, row))}",
-                hint=f"pass {option} with one of those columns",
+                hint=f"pass {option} with one of those columns (a.b reads a nested key)",
             )
         return given
     for key in candidates:
@@ -58,8 +99,95 @@ def pick_key(
     raise InputError(
         f"{source}: no {what} column; looked for {', '.join(map(repr, candidates))}, "
         f"the rows have: {', '.join(map(repr, row))}",
-        hint=f"name the column with {option}",
+        hint=f"name the column with {option} (a.b reads a nested key)",
     )
+
+
+def prediction_samples(value, *, where: str = "") -> tuple[list, bool]:
+    """The responses in one prediction cell, and whether the cell holds several samples.
+
+    A string is one response; a list of strings is k samples; a list of lists of strings
+    (lm-evaluation-harness ``resps``) is flattened; a chat message (``{"role",
+    "content"}``) or a whole conversation counts as its last message; null is no response.
+    Anything else is an input error: it is never graded as its printed form.
+    """
+    if value is None or isinstance(value, str):
+        return [value], False
+    if isinstance(value, dict):
+        return [_message_content(value, where)], False
+    if isinstance(value, list | tuple):
+        if value and all(isinstance(v, dict) and "role" in v for v in value):
+            return [_message_content(value[-1], where)], False
+        samples = []
+        for v in value:
+            if isinstance(v, list | tuple):
+                samples.extend(_sample(x, where) for x in v)
+            else:
+                samples.append(_sample(v, where))
+        return samples, True
+    raise InputError(
+        f"{where}the prediction is a {type(value).__name__} ({_shown(value)}); "
+        "expected a string or a list of strings",
+        hint="point --pred-key at the column that holds the responses",
+    )
+
+
+def _sample(value, where: str):
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return _message_content(value, where)
+    raise InputError(
+        f"{where}a prediction sample is a {type(value).__name__} ({_shown(value)}); "
+        "expected a string",
+        hint="point --pred-key at the column that holds the responses",
+    )
+
+
+def _message_content(message: dict, where: str):
+    if "content" not in message:
+        raise InputError(
+            f"{where}the prediction is an object without 'content' ({_shown(message)})",
+            hint="point --pred-key at the text, e.g. --pred-key response.text",
+        )
+    content = message["content"]
+    if content is None or isinstance(content, str):
+        return content
+    raise InputError(f"{where}a message's content is a {type(content).__name__}, not text")
+
+
+def _shown(value) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _gold(value, where: str) -> str | None:
+    if value is None or isinstance(value, str | int | float | bool):
+        return gold_answer(value)
+    if isinstance(value, list | tuple) and all(
+        v is None or isinstance(v, str | int | float) for v in value
+    ):
+        return gold_answer(value)
+    raise InputError(
+        f"{where}the gold answer is a {type(value).__name__} ({_shown(value)}); "
+        "expected a string, a number or a list of them",
+        hint="point --gold-key at the column that holds the gold answer (a.b for nested keys)",
+    )
+
+
+def _truncation(row: dict, count: int, where: str) -> list[bool | None]:
+    """Per sample: True when the row's finish_reason says the response was cut off."""
+    reason = row.get(FINISH_KEY)
+    if reason is None:
+        return [None] * count
+    if isinstance(reason, str):
+        return [reason in TRUNCATED_REASONS] * count
+    if isinstance(reason, list) and len(reason) == count:
+        return [r in TRUNCATED_REASONS if isinstance(r, str) else None for r in reason]
+    raise InputError(f"{where}{FINISH_KEY!r} does not give one reason per sample")
+
+
+# --------------------------------------------------------------------------- grading
 
 
 def grade_rows(
@@ -83,19 +211,21 @@ def grade_rows(
     for key in options.group_keys:
         pick_key(first, key, (), "group", "--group-key", source)
 
-    items: list[tuple[object, str | None]] = []
+    items: list[tuple] = []
     spans: list[tuple[int, int, bool]] = []  # per row: first item, item count, was a list
     for number, row in enumerate(rows, start=1):
+        where = f"{source}: row {number}: "
         for key in (pred_key, gold_key):
-            if key not in row:
+            if not has_key(row, key):
                 raise InputError(f"{source}: row {number} has no column {key!r}")
-        samples, is_list = prediction_samples(row[pred_key])
-        gold = gold_answer(row[gold_key])
+        samples, is_list = prediction_samples(lookup(row, pred_key), where=where)
+        gold = _gold(lookup(row, gold_key), where)
+        truncated = _truncation(row, len(samples), where)
         spans.append((len(items), len(samples), is_list))
-        items.extend((sample, gold) for sample in samples)
+        items.extend((sample, gold, cut) for sample, cut in zip(samples, truncated, strict=True))
 
     own_pool = pool is None
-    pool = pool or GradingPool(options.workers, options.timeout, last_number=options.last_number)
+    pool = pool or GradingPool(options.workers, options.timeout, policy=options.policy)
     try:
         with progress() as bar:
             task = bar.add_task("grading", total=len(items))
@@ -118,20 +248,24 @@ def grade_rows(
                 mine[0]["extracted"], bool(mine[0]["correct"]), mine[0]["status"],
             )  # fmt: skip
         graded.append(out)
-        problem_id = _hashable(row.get(id_key)) if id_key else index
+        problem_id = _hashable(_id_of(row, id_key)) if id_key else index
         problem = problems.get(problem_id)
         if problem is None:
             problem = problems[problem_id] = Problem(
-                problem_id, {k: row.get(k) for k in options.group_keys}
+                problem_id, {k: _group_of(row, k) for k in options.group_keys}
             )
         for r in mine:
             problem.correct.append(bool(r["correct"]))
-            problem.keys.append(r["key"] if r["status"] == "ok" else None)
+            # answers equal to the gold are equal to each other: one vote for the gold
+            key = CORRECT_KEY if r["correct"] else r["key"]
+            problem.keys.append(key if r["status"] == "ok" else None)
             problem.statuses.append(r["status"])
-    _log_problems(results)
+    _log_problems(results, problems)
 
     summary = summarize(list(problems.values()))
     summary.update(pred_key=pred_key, gold_key=gold_key, id_key=id_key)
+    if options.numeric_tolerance is not None:
+        summary["numeric_tolerance"] = options.numeric_tolerance
     if options.group_keys:
         summary["groups"] = {
             key: summarize_groups(list(problems.values()), key) for key in options.group_keys
@@ -139,40 +273,222 @@ def grade_rows(
     return graded, summary
 
 
-def prediction_samples(value) -> tuple[list, bool]:
-    """The responses in one prediction cell, and whether the cell holds several samples.
+def _id_of(row: dict, key: str):
+    try:
+        return lookup(row, key)
+    except KeyError:
+        return None
 
-    A string is one response; a list of strings is k samples; a chat message
-    (``{"role", "content"}``) or a whole conversation counts as its last message.
-    """
-    if isinstance(value, dict):
-        return [value.get("content")], False
-    if isinstance(value, list | tuple):
-        if value and all(isinstance(v, dict) and "role" in v for v in value):
-            return [value[-1].get("content")], False
-        return [v.get("content") if isinstance(v, dict) else v for v in value], True
-    return [value], False
+
+def _group_of(row: dict, key: str):
+    try:
+        return lookup(row, key)
+    except KeyError:
+        return None
 
 
 def _hashable(value):
     return value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
 
 
-def _log_problems(results: list[dict]) -> None:
+def _log_problems(results: list[dict], problems: dict) -> None:
     bad = [r for r in results if r["status"] in ("timeout", "error")]
     if bad:
         shown = "; ".join(sorted({r["message"] or r["status"] for r in bad})[:5])
         log.warning("%d sample(s) could not be graded (%s)", len(bad), shown)
+    empty = sum(1 for p in problems.values() if not p.correct)
+    if empty:
+        log.warning("%d problem(s) have no samples; they count as wrong", empty)
+
+
+# --------------------------------------------------------------------------- files
 
 
 def read_input_rows(path: str | os.PathLike) -> list[dict]:
-    """Rows of a jsonl/json/parquet file, a directory of shards, or a dataset's split."""
-    return list(iter_rows(split_path(path)))
+    """Rows of a jsonl/json/parquet/csv file, a directory of shards, or a dataset's split.
+
+    Text must be UTF-8: an undecodable byte or a lone surrogate is an input error naming
+    the file and line.
+    """
+    path = split_path(path)
+    if path.is_file() and path.suffix not in INPUT_SUFFIXES:
+        raise InputError(
+            f"{path}: unknown row file type '{path.suffix}'",
+            hint="use .jsonl, .json (an array of objects), .parquet or .csv",
+        )
+    if path.suffix == ".csv" and path.is_file():
+        files = [path]
+    elif path.is_dir() and any(f.suffix == ".csv" for f in path.iterdir()):
+        files = sorted(
+            f for f in path.iterdir() if f.suffix in INPUT_SUFFIXES and not f.name.startswith(".")
+        )
+    else:
+        files = row_files(path)  # jsonl, json and parquet files, or a directory of them
+    rows: list[dict] = []
+    for f in files:
+        if f.suffix == ".jsonl":
+            rows.extend(_jsonl_rows(f))
+        elif f.suffix == ".json":
+            rows.extend(_json_rows(f))
+        elif f.suffix == ".csv":
+            rows.extend(_csv_rows(f))
+        else:
+            rows.extend(iter_rows(f))
+    return rows
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _decode(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{where}: byte 0x{data[exc.start]:02x} at column {exc.start + 1} is not UTF-8",
+            hint="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+        ) from None
+
+
+def _check_text(obj, where: str) -> None:
+    """Raise when a string holds a lone surrogate (JSON's \\ud800 with no partner)."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InputError(
+                f"{where}: a lone surrogate \\u{ord(obj[exc.start]):04x} is not text",
+                hint="fix the escape in the file: surrogates come in pairs",
+            ) from None
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _check_text(value, where)
+    elif isinstance(obj, list):
+        for value in obj:
+            _check_text(value, where)
+
+
+def _jsonl_rows(f: Path) -> Iterator[dict]:
+    with open(f, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            line = _decode(raw, f"{f}:{lineno}")
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise InputError(
+                    f"{f}:{lineno}: malformed JSON line ({exc})", hint="fix or remove that line"
+                ) from None
+            if not isinstance(row, dict):
+                raise InputError(f"{f}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            if _SURROGATE_ESCAPE.search(line):
+                _check_text(row, f"{f}:{lineno}")
+            yield row
+
+
+def _json_rows(f: Path) -> list[dict]:
+    data = f.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        lineno = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(
+            f"{f}:{lineno}: byte 0x{data[exc.start]:02x} is not UTF-8",
+            hint="re-encode the file as UTF-8",
+        ) from None
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"{f}:{getattr(exc, 'lineno', '?')}: malformed JSON ({exc})") from None
+    if isinstance(obj, dict):
+        obj = [obj]
+    if not isinstance(obj, list):
+        raise InputError(f"{f}: expected a JSON array of objects, got {type(obj).__name__}")
+    for index, row in enumerate(obj):
+        if not isinstance(row, dict):
+            raise InputError(f"{f}: element {index} is {type(row).__name__}, expected an object")
+    if _SURROGATE_ESCAPE.search(text):
+        for index, row in enumerate(obj):
+            _check_text(row, f"{f}: element {index}")
+    return obj
+
+
+def _csv_rows(f: Path) -> list[dict]:
+    data = f.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    rows = []
+    lines = data.splitlines(keepends=True)
+    text = "".join(_decode(line, f"{f}:{n}") for n, line in enumerate(lines, start=1))
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        for row in reader:
+            if None in row:
+                raise InputError(
+                    f"{f}:{reader.line_num}: more cells than the header has columns",
+                    hint="quote cells that contain commas",
+                )
+            rows.append(dict(row))
+    except csv.Error as exc:
+        raise InputError(f"{f}: malformed CSV ({exc})") from None
+    return rows
+
+
+def write_output(path: Path, rows: list[dict]) -> Path:
+    """The grades file: jsonl, parquet, or csv (lists and objects written as JSON)."""
+    if path.suffix != ".csv":
+        return write_rows(path, rows)
+    columns: list[str] = []
+    for row in rows:
+        for key in row:
+            if key not in columns:
+                columns.append(key)
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _csv_cell(v) for k, v in row.items()})
+    return path
+
+
+def _csv_cell(value):
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else value
 
 
 def default_output(path: Path) -> Path:
     base = path.parent / path.name if path.is_dir() else path.with_suffix("")
     return base.with_name(base.name + ".grades.jsonl")
+
+
+def check_output(out_path: Path) -> None:
+    """Refuse an output that cannot be written, before any grading is done."""
+    if out_path.is_dir():
+        raise InputError(f"{out_path} is a directory", hint="pass --out with a file name")
+    if out_path.suffix not in OUTPUT_SUFFIXES:
+        raise InputError(
+            f"{out_path}: cannot write grades as '{out_path.suffix or 'no suffix'}'",
+            hint="name the output .jsonl, .parquet or .csv",
+        )
+    existing = out_path.absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is not a directory")
+        # a real file, not os.access: that says yes to root on a read-only file system
+        fd, probe = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".probe", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InputError(
+            f"{out_path}: cannot write the grades file there ({exc.strerror or exc})",
+            hint="pass --out with a writable path",
+        ) from None
 
 
 def grade_file(
@@ -184,19 +500,14 @@ def grade_file(
     options = options or GradeOptions()
     path = Path(path)
     out_path = Path(out) if out is not None else default_output(path)
-    if not os.access(out_path.parent if out_path.parent.exists() else Path.cwd(), os.W_OK):
-        raise InputError(
-            f"{out_path.parent}: cannot write the grades file there",
-            hint="pass --out with a writable path",
-        )
-    pool = GradingPool(options.workers, options.timeout, last_number=options.last_number)
-    try:
-        pool.start()  # the workers warm up while the rows are read
-        rows = read_input_rows(path)
+    check_output(out_path)
+    rows = read_input_rows(path)
+    with GradingPool(options.workers, options.timeout, policy=options.policy) as pool:
         graded, summary = grade_rows(rows, options, source=str(path), pool=pool)
-    finally:
-        pool.close()
-    write_rows(out_path, graded)
+    try:
+        write_output(out_path, graded)
+    except OSError as exc:
+        raise InputError(f"{out_path}: could not write the grades ({exc})") from None
     summary["input"] = str(path.resolve())
     return out_path, summary
 

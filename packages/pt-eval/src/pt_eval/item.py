@@ -1,60 +1,102 @@
 """Grade one (prediction, gold) pair: extract, compare, and say how it went.
 
-This is what a worker process runs for each item; :mod:`pt_eval.worker` puts a
-hard time limit around it.
+:func:`prepare` runs in the main process without sympy: it extracts the answer and
+grades plain numbers on the spot. Everything else is compared by :func:`grade_extracted`
+in a worker process, which :mod:`pt_eval.worker` runs under a hard time limit.
+:func:`grade_item` does both in the calling process (no time limit).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from pt_eval.equivalence import answer_key, answers_match
 from pt_eval.extract import extract_answer
-from pt_eval.parse import TooLarge
+from pt_eval.normalize import MAX_ANSWER_CHARS, choice_letter, squash
+from pt_eval.numbers import number_key, numbers_equal, parse_number
+from pt_eval.policy import DEFAULT_POLICY, Policy
 
 MAX_PREDICTION_CHARS = 2_000_000  # about 500k tokens; a longer response is degenerate
 MAX_EXTRACTED_SHOWN = 1_000  # the grades file keeps this much of a very long extracted answer
+# every answer equal to the gold is one answer for majority voting (they equal each other)
+CORRECT_KEY = "correct"
 
 _cache: OrderedDict[tuple, tuple] = OrderedDict()
 _CACHE_SIZE = 20_000
 
 
-def grade_item(prediction, gold: str | None, *, last_number: bool = True) -> dict:
-    """``{"extracted", "correct", "status", "key", "message"}`` for one response.
-
-    status is ``ok`` (graded), ``no_answer`` (nothing to extract) or ``error``
-    (the answer asks for more work than allowed, e.g. a 10^7-digit number); the
-    pool adds ``timeout``.
-    """
+def prepare(
+    prediction, gold: str | None, policy: Policy = DEFAULT_POLICY, *, truncated: bool | None = None
+) -> tuple[dict | None, str | None]:
+    """``(result, extracted)``: the result when no worker is needed (no answer, plain
+    numbers, a refused size), else None and the extracted answer for the worker."""
     if prediction is not None and not isinstance(prediction, str):
-        prediction = str(prediction)
+        raise TypeError(f"a prediction must be a string, got {type(prediction).__name__}")
     if prediction is not None and len(prediction) > MAX_PREDICTION_CHARS:
-        return _result(
-            None,
-            False,
-            "error",
-            message=f"prediction longer than {MAX_PREDICTION_CHARS} characters",
-        )
-    extracted = extract_answer(prediction, last_number=last_number) if prediction else None
+        message = f"prediction longer than {MAX_PREDICTION_CHARS} characters"
+        return result(None, False, "error", message=message), None
+    extracted = (
+        extract_answer(prediction, last_number=policy.last_number, truncated=truncated)
+        if prediction
+        else None
+    )
     if extracted is None:
-        return _result(None, False, "no_answer")
+        return result(None, False, "no_answer"), None
     if gold is None:
-        return _result(extracted, False, "error", message="no gold answer")
-    cache_key = (gold, extracted)
+        return result(extracted, False, "error", message="no gold answer"), None
+    if len(extracted) > MAX_ANSWER_CHARS:
+        message = f"TooLarge: answer longer than {MAX_ANSWER_CHARS} characters"
+        return result(extracted, False, "error", message=message), None
+    pred_number = parse_number(extracted)
+    if pred_number is not None:
+        gold_number = parse_number(gold)
+        if gold_number is not None:
+            correct = numbers_equal(gold_number, pred_number, policy.tolerance)
+            return result(extracted, correct, "ok", key=number_key(pred_number)), extracted
+    if squash(extracted) == squash(gold):  # the gold itself, spaced or wrapped otherwise
+        return result(extracted, True, "ok", key=CORRECT_KEY), extracted
+    pred_letter = choice_letter(extracted)
+    if pred_letter is not None:
+        gold_letter = choice_letter(gold)
+        if gold_letter is not None:
+            key = "value:text:" + pred_letter
+            return result(extracted, pred_letter == gold_letter, "ok", key=key), extracted
+    return None, extracted
+
+
+def grade_extracted(extracted: str, gold: str, policy: Policy = DEFAULT_POLICY) -> dict:
+    """Compare an extracted answer with the gold (sympy; run it under a time limit)."""
+    from pt_eval.equivalence import answer_key, answers_match
+    from pt_eval.parse import TooLarge
+
+    cache_key = (gold, extracted, policy)
     hit = _cache.get(cache_key)
     if hit is None:
         try:
-            hit = (answers_match(gold, extracted), answer_key(extracted))
+            hit = (answers_match(gold, extracted, policy), answer_key(extracted))
         except (TooLarge, RecursionError, OverflowError, MemoryError) as exc:
-            return _result(extracted, False, "error", message=f"{type(exc).__name__}: {exc}")
+            return result(extracted, False, "error", message=f"{type(exc).__name__}: {exc}")
         _cache[cache_key] = hit
         if len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     correct, key = hit
-    return _result(extracted, correct, "ok", key=key)
+    return result(extracted, correct, "ok", key=key)
 
 
-def _result(extracted, correct, status, *, key=None, message=None) -> dict:
+def grade_item(
+    prediction, gold: str | None, policy: Policy = DEFAULT_POLICY, *, truncated: bool | None = None
+) -> dict:
+    """``{"extracted", "correct", "status", "key", "message"}`` for one response.
+
+    status is ``ok`` (graded), ``no_answer`` (nothing to extract) or ``error`` (the answer
+    asks for more work than allowed, e.g. a 10^7-digit number); the pool adds ``timeout``.
+    """
+    done, extracted = prepare(prediction, gold, policy, truncated=truncated)
+    if done is not None:
+        return done
+    return grade_extracted(extracted, gold, policy)
+
+
+def result(extracted, correct, status, *, key=None, message=None) -> dict:
     if extracted is not None and len(extracted) > MAX_EXTRACTED_SHOWN:
         extracted = extracted[:MAX_EXTRACTED_SHOWN] + "..."
     return {
@@ -73,6 +115,7 @@ def warm_up() -> None:
         ("\\boxed{2\\sqrt{3}+\\pi}", "\\pi+\\sqrt{12}"),
         ("\\boxed{(1, 2]}", "(1,2]"),
         ("\\boxed{\\sin^2 x}", "1-\\cos^2 x"),
+        ("\\boxed{x > 2}", "(2, \\infty)"),
     ):
         grade_item(prediction, gold)
     _cache.clear()

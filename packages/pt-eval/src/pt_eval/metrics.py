@@ -5,9 +5,11 @@ A *problem* has n samples, c of them correct.
 - accuracy: the mean of ``correct`` over every sample;
 - pass@k: the unbiased estimator of Chen et al. 2021 (Codex paper),
   ``1 - C(n-c, k) / C(n, k)``, averaged over problems, for k = 1, 2, 4, ... up
-  to the smallest n (and that n itself);
+  to the smallest n (and that n itself); a problem with no samples at all counts as
+  failed (0) and does not lower n;
 - maj@n: the answer given most often (equal answers grouped by their canonical
-  form; a tie goes to the answer seen first) is right.
+  form, and every answer equal to the gold counted as one; a tie goes to the answer
+  seen first) is right.
 """
 
 from __future__ import annotations
@@ -66,16 +68,18 @@ def summarize(problems: list[Problem]) -> dict:
         "samples": samples,
         "accuracy": sum(sum(p.correct) for p in problems) / samples if samples else 0.0,
     }
-    n = min((len(p.correct) for p in problems), default=0)
+    sampled = [p for p in problems if p.correct]
+    n = min((len(p.correct) for p in sampled), default=0)
     if n:
         summary["n"] = n
         summary["pass@k"] = {
-            str(k): sum(pass_at_k(len(p.correct), sum(p.correct), k) for p in problems)
+            str(k): sum(pass_at_k(len(p.correct), sum(p.correct), k) for p in sampled)
             / len(problems)
             for k in ks_for(n)
         }
-        summary["maj@n"] = sum(majority_correct(p) for p in problems) / len(problems)
+        summary["maj@n"] = sum(majority_correct(p) for p in sampled) / len(problems)
     summary.update(
+        no_samples=len(problems) - len(sampled),
         correct=sum(sum(p.correct) for p in problems),
         no_answer=statuses.get("no_answer", 0),
         timeouts=statuses.get("timeout", 0),

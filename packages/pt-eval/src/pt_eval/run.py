@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from pt_core.errors import PtError
+from pt_core.errors import InputError, PtError
 from pt_core.files import write_rows
 from pt_core.log import get_logger
 from pt_eval.benchmarks import load_benchmark
@@ -37,6 +37,47 @@ def default_out_dir(model: str | os.PathLike, benchmark: str | os.PathLike) -> P
     return Path("eval") / _slug(model_name) / _slug(bench_name)
 
 
+def check_model(model: str | os.PathLike) -> str:
+    """The model to generate with: an inference checkpoint directory (one with a
+    config.json) or a hub name. A run directory or a training-state checkpoint is refused
+    with the inference checkpoint to use instead."""
+    path = Path(model)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return str(model)
+        run_dir = path if (path / "inference").is_dir() else None
+        if run_dir is None and path.parent.name == "checkpoints":
+            run_dir = path.parent.parent  # run/checkpoints/step-N: training state
+        if run_dir is not None:
+            steps = sorted(
+                (p for p in (run_dir / "inference").glob("step-*") if p.is_dir()),
+                key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1,
+            )
+            if steps:
+                raise InputError(
+                    f"{path} is a training run directory, not an inference checkpoint",
+                    hint=f"pass --model {steps[-1]} (the latest of "
+                    f"{', '.join(p.name for p in steps)})",
+                )
+            raise InputError(
+                f"{path} is a training run directory with no inference checkpoint yet",
+                hint="evaluate RUN_DIR/inference/step-N once training has written one",
+            )
+        raise InputError(
+            f"{path}: not a model directory (no config.json)",
+            hint="pass an inference checkpoint (RUN_DIR/inference/step-N) or a hub name",
+        )
+    text = str(model)
+    if path.exists():
+        raise InputError(f"{path} is a file; expected a model directory or a hub name")
+    if text.startswith(("/", "./", "../", "~")) or text.count("/") > 1:
+        raise InputError(
+            f"{text}: no such model directory",
+            hint="pass an inference checkpoint (RUN_DIR/inference/step-N) or a hub name",
+        )
+    return text
+
+
 def run_benchmark(
     model: str | os.PathLike,
     benchmark: str | os.PathLike,
@@ -51,11 +92,15 @@ def run_benchmark(
     limit: int | None = None,
     system_prompt: str = MATH_PROMPT,
     grade_options: GradeOptions | None = None,
+    benchmarks_dir: str | os.PathLike | None = None,
+    prompt_key: str | None = None,
     **generate_options,
 ) -> tuple[Path, dict]:
     """Generate ``n`` samples per problem of ``benchmark`` (a name from
     ``pt_eval.benchmarks.BENCHMARKS`` or a file) with ``model`` and grade them. Returns the
     grades file and the grading summary (plus the run's settings)."""
+    model = check_model(model)
+    rows = load_benchmark(benchmark, benchmarks_dir=benchmarks_dir, prompt_key=prompt_key)
     try:
         from pt_rollout.generate import GenerateOptions, generate
     except ImportError as exc:
@@ -65,7 +110,6 @@ def run_benchmark(
             "into pt-eval grade -",
         ) from None
 
-    rows = load_benchmark(benchmark)
     if limit is not None:
         rows = rows[:limit]
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir(model, benchmark)
@@ -88,9 +132,9 @@ def run_benchmark(
     )
     log.info("%s: %d problems x %d samples with %s", benchmark, len(rows), n, model)
     generated = generate(str(model), prompts_path, rollouts_path, options)
-    grades_path, summary = grade_file(
-        rollouts_path, out_dir / "grades.jsonl", grade_options or GradeOptions(id_key="id")
-    )
+    grade_options = grade_options or GradeOptions()
+    grade_options.id_key = "id"
+    grades_path, summary = grade_file(rollouts_path, out_dir / "grades.jsonl", grade_options)
     summary.update(
         benchmark=str(benchmark),
         model=str(model),

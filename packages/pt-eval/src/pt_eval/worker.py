@@ -6,8 +6,10 @@ worker process; when an item runs past ``timeout`` seconds its worker is killed
 (SIGKILL), the item is marked ``timeout``, and a fresh worker takes over the
 rest of the queue.
 
-Starting a Python process that imports sympy takes one to several seconds, so
-workers are not started from scratch: one *fork server* (``python -m
+Most answers are plain numbers: those, and responses with no answer, are graded in the
+calling process without sympy (:func:`pt_eval.item.prepare`), and the pool only starts
+when an item needs the full parser. Starting a Python process that imports sympy takes one
+to several seconds, so workers are not started from scratch: one *fork server* (``python -m
 pt_eval.worker``) imports and warms up sympy once, then forks a worker on
 request, in milliseconds. Workers connect back to the pool over a Unix socket
 and exchange JSON lines. The fork server is single-threaded, so forking it is
@@ -16,7 +18,7 @@ no fork of the caller, no re-import of the caller's ``__main__``), so it works
 from any thread and never hangs on a stuck item.
 
     with GradingPool(workers=2, timeout=5) as pool:
-        results = pool.grade([(response, gold), ...])
+        results = pool.grade([(response, gold), ...])   # or (response, gold, truncated)
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pt_core.log import get_logger
+from pt_eval.item import prepare
+from pt_eval.policy import DEFAULT_POLICY, Policy
 
 log = get_logger(__name__)
 
@@ -82,7 +86,7 @@ class GradingPool:
         workers: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         *,
-        last_number: bool = True,
+        policy: Policy = DEFAULT_POLICY,
         memory_mb: int | None = DEFAULT_MEMORY_MB,
     ):
         if workers is not None and workers < 1:
@@ -91,7 +95,8 @@ class GradingPool:
             raise ValueError(f"timeout must be positive, got {timeout}")
         self.size = workers or default_workers()
         self.timeout = float(timeout)
-        self.last_number = last_number
+        self.policy = policy
+        self._policy_message = policy.to_dict()
         self.memory_mb = memory_mb
         self.workers: list[_Worker] = []
         self.restarts = 0  # workers replaced after a timeout or a crash
@@ -103,10 +108,10 @@ class GradingPool:
         self._failed_starts = 0
         self._tmpdir: str | None = None
         self._listener: socket.socket | None = None
+        self._work: Sequence[tuple] = ()  # the (extracted, gold) items of the current run
 
     def __enter__(self) -> GradingPool:
-        self.start()
-        return self
+        return self  # the fork server starts with the first item that needs it
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -174,24 +179,45 @@ class GradingPool:
     # ------------------------------------------------------------------ grading
     def grade(
         self,
-        items: Sequence[tuple[object, str | None]],
+        items: Sequence[tuple],
         progress: Callable[[int], None] | None = None,
     ) -> list[dict]:
-        """One result dict per (prediction, gold) pair, in order (see ``pt_eval.item``)."""
-        self.start()
+        """One result dict per ``(prediction, gold)`` or ``(prediction, gold, truncated)``
+        item, in order (see ``pt_eval.item``). Items that need no sympy are graded here;
+        the others go to the workers, which start with the first of them."""
         results: list[dict | None] = [None] * len(items)
-        pending = deque(range(len(items)))
-        remaining = [len(items)]
+        slow: dict[tuple[str, str], list[int]] = {}  # one worker item per distinct pair
+        for index, item in enumerate(items):
+            prediction, gold = item[0], item[1]
+            truncated = item[2] if len(item) > 2 else None
+            done_here, extracted = prepare(prediction, gold, self.policy, truncated=truncated)
+            if done_here is not None:
+                results[index] = done_here
+                if progress is not None:
+                    progress(1)
+                continue
+            if not slow:
+                self.start()  # the fork server imports sympy while the rest is extracted
+            slow.setdefault((extracted, gold), []).append(index)
+        if slow:
+            work = list(slow)
+            work_results: list[dict | None] = [None] * len(work)
+            pending = deque(range(len(work)))
+            remaining = [len(work)]
 
-        def done(n: int) -> None:
-            remaining[0] -= n
-            if progress is not None:
-                progress(n)
+            def done(index: int) -> None:
+                remaining[0] -= 1
+                if progress is not None:
+                    progress(len(slow[work[index]]))
 
-        self._loop(items, results, pending, done, lambda: remaining[0] == 0)
+            self._loop(work, work_results, pending, done, lambda: remaining[0] == 0)
+            for pair, outcome in zip(work, work_results, strict=True):
+                for index in slow[pair]:
+                    results[index] = outcome
         return results  # type: ignore[return-value]
 
     def _loop(self, items, results, pending: deque, done, finished) -> None:
+        self._work = items
         selector = selectors.DefaultSelector()
         try:
             while not finished():
@@ -235,9 +261,9 @@ class GradingPool:
         for worker in self.workers:
             while pending and len(worker.inflight) < ITEMS_IN_FLIGHT:
                 index = pending.popleft()
-                prediction, gold = items[index]
-                message = {"i": index, "p": prediction, "g": gold, "n": self.last_number}
-                worker.outbuf += json.dumps(message, ensure_ascii=False).encode() + b"\n"
+                extracted, gold = items[index]
+                message = {"i": index, "x": extracted, "g": gold, "o": self._policy_message}
+                worker.outbuf += json.dumps(message).encode() + b"\n"
                 if not worker.inflight:
                     worker.head_started = time.monotonic()
                 worker.inflight.append(index)
@@ -328,7 +354,7 @@ class GradingPool:
             assert head == index, f"worker answered item {index}, expected {head}"
             results[index] = message
             worker.head_started = time.monotonic() if worker.inflight else None
-            done(1)
+            done(index)
 
     def _enforce_deadlines(self, pending, results, done) -> None:
         now = time.monotonic()
@@ -354,9 +380,10 @@ class GradingPool:
         self.workers.remove(worker)
         if worker.inflight:
             index = worker.inflight.popleft()
-            results[index] = {"extracted": None, "correct": False, "status": status,
+            extracted = self._work[index][0] if index < len(self._work) else None
+            results[index] = {"extracted": extracted, "correct": False, "status": status,
                               "key": None, "message": message}  # fmt: skip
-            done(1)
+            done(index)
             pending.extendleft(reversed(worker.inflight))
         self.restarts += 1  # _top_up asks for a new worker on the next turn
 
@@ -399,8 +426,11 @@ def fork_server(socket_path: str, memory_mb: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the pool's to handle: it closes us
     warm_up()  # sympy imports parts of itself lazily on first use; pay that once, here
     children: set[int] = set()
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write("ready\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the pool closed before we were ready
+        return
     for line in sys.stdin:
         command, _, arg = line.strip().partition(" ")
         _reap(children)
@@ -421,6 +451,8 @@ def fork_server(socket_path: str, memory_mb: int | None) -> None:
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass  # it had already exited and been reaped
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown of sympy's module graph: the pool waits for this
 
 
 def _reap(children: set[int]) -> None:
@@ -443,6 +475,8 @@ def _become_worker(socket_path: str, memory_mb: int | None) -> None:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(socket_path)
         serve(conn)
+    except (BrokenPipeError, ConnectionError, FileNotFoundError):
+        pass  # the pool has gone away (closed, or its process ended): nothing to report
     except BaseException:  # a worker must never return into the fork server's loop
         code = 1
         import traceback
@@ -454,21 +488,24 @@ def _become_worker(socket_path: str, memory_mb: int | None) -> None:
 
 def serve(conn: socket.socket) -> None:
     """Read JSON items from the pool, write one JSON result per line."""
-    from pt_eval.item import grade_item
+    from pt_eval.item import grade_extracted
 
-    reader = conn.makefile("r", encoding="utf-8")
-    writer = conn.makefile("w", encoding="utf-8")
+    reader = conn.makefile("r", encoding="utf-8", errors="surrogatepass")
+    writer = conn.makefile("w", encoding="utf-8", errors="surrogatepass")
     writer.write(json.dumps({"hello": os.getpid()}) + "\n")
     writer.flush()
+    policies: dict[str, Policy] = {}
     for line in reader:
         item = json.loads(line)
+        marker = json.dumps(item["o"], sort_keys=True)
+        policy = policies.get(marker) or policies.setdefault(marker, Policy.from_dict(item["o"]))
         try:
-            result = grade_item(item["p"], item["g"], last_number=item["n"])
+            result = grade_extracted(item["x"], item["g"], policy)
         except Exception as exc:  # reported as this item's error; the run goes on
             result = {"extracted": None, "correct": False, "status": "error", "key": None,
                       "message": f"{type(exc).__name__}: {exc}"}  # fmt: skip
         result["i"] = item["i"]
-        writer.write(json.dumps(result, ensure_ascii=False) + "\n")
+        writer.write(json.dumps(result) + "\n")
         writer.flush()
 
 
@@ -485,7 +522,7 @@ def main(argv: list[str] | None = None) -> None:
         from pt_eval.item import grade_item, warm_up
 
         warm_up()
-        print(grade_item("\\boxed{\\frac{1}{2}}", "0.5"))
+        print(grade_item("\\boxed{\\sqrt{4}/4}", "0.5"))
         return
     if not args.socket:
         parser.error("--socket is required")

@@ -1,0 +1,278 @@
+"""Spellings that never change an answer's value, unified before it is parsed.
+
+Nothing here imports sympy: the extractor and the number fast path use it in the main
+process. Every function is a fixed number of linear passes over its input.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+MAX_ANSWER_CHARS = 10_000  # an extracted answer longer than this is not graded
+# LaTeX commands that a doubly escaped text (JSON inside JSON) writes with two backslashes
+_COMMANDS = (
+    "boxed|fbox|frac|dfrac|tfrac|cfrac|sqrt|left|right|text|textbf|textit|textrm|mathrm|mbox|"
+    "le|leq|ge|geq|lt|gt|ne|neq|pi|cdot|times|div|in|cup|cap|infty|pm|mp|circ|begin|end|quad|"
+    "qquad|angle|sin|cos|tan|log|ln|exp|binom|dbinom|overline|approx|mid|emptyset|varnothing|"
+    "mathbf|mathbb|operatorname|displaystyle|langle|rangle|setminus|sum|prod|alpha|beta|gamma|"
+    "theta|lambda|mu|sigma|omega|phi|dots|ldots|cdots"
+)
+_DOUBLED = re.compile(rf"(?<!\\)\\\\(?=(?:{_COMMANDS})(?![a-zA-Z]))")
+
+
+def undouble_escapes(text: str) -> str:
+    """``\\\\frac`` written for ``\\frac`` (a text escaped twice) read as the command.
+
+    A real row break ``\\\\`` is followed by a space, a digit or a third backslash, never
+    directly by a command name, so it is left alone.
+    """
+    if "\\\\" not in text:
+        return text
+    return _DOUBLED.sub(r"\\", text)
+
+
+_SPACING = re.compile(
+    r"\\[,;:! ]|\\(?:displaystyle|textstyle|scriptstyle|limits|nolimits|quad|qquad|enspace"
+    r"|thinspace|medspace|thickspace|negthinspace|hfill|big|Big|bigg|Bigg|bigl|bigr|Bigl|Bigr"
+    r"|biggl|biggr)(?![a-zA-Z])"
+)
+_GLUED_QUAD = re.compile(r"\\q?quad(?=[a-zA-Z])")  # \quadx_2 is \quad x_2
+_STYLE = re.compile(
+    r"\\(?:mathbf|boldsymbol|bm|mathit|mathsf|mathtt|mathnormal|mathcal|mathscr|mathfrak)"
+    r"(?![a-zA-Z])"
+)
+_NUMBER_SETS = re.compile(r"\\mathbb\s*\{?\s*([RZNQC])\s*\}?")
+_UNICODE = {
+    "\u2212": "-",
+    "\u2013": "-",
+    "\u00d7": r"\times ",
+    "\u22c5": r"\cdot ",
+    "\u00b7": r"\cdot ",
+    "\u03c0": r"\pi ",
+    "\u221e": r"\infty ",
+    "\u221a": r"\sqrt",
+    "\u2264": r"\le ",
+    "\u2265": r"\ge ",
+    "\u2260": r"\ne ",
+    "\u2248": r"\approx ",
+    "\u00b0": r"^\circ ",
+    "\u222a": r"\cup ",
+    "\u2229": r"\cap ",
+    "\u2208": r"\in ",
+    "\u00b1": r"\pm ",
+    "\u2205": r"\emptyset ",
+    "\u00b2": "^2",
+    "\u00b3": "^3",
+    "\u2009": " ",  # thin space
+    "\u202f": " ",  # narrow no-break space
+    "\u00a0": " ",
+    "\u20ac": r" \EUR ",
+    "\u00a3": r" \GBP ",
+    "\u00a5": r" \JPY ",
+}
+CURRENCIES = {"USD": "dollar", "EUR": "euro", "GBP": "pound sterling", "JPY": "yen"}
+
+# 10{,}000 and 10,\!000: explicit thousands separators, joined wherever they are
+_EXPLICIT_THOUSANDS = re.compile(r"(?<=\d)\s*(?:\{\s*,\s*\}|,\\!\s*|,\\,\s*)(?=\d{3}(?!\d))")
+# 10\,000, 10\ 000, 10 000 (and thin spaces): a space between groups of three digits
+_SPACED_THOUSANDS = re.compile(
+    r"(?<![\d.,])(\d{1,3})((?:(?:\\[,;: !]|~| )\s*\d{3})+)(?![\d/]|\.\d|\s*\\frac|\s*/)"
+)
+_SPACED_GROUP_SEP = re.compile(r"\\[,;: !]|~| |\s")
+# 1,234 and 1,234.5: comma thousands, only outside brackets, where (3,331) is a pair
+_THOUSANDS = re.compile(r"(?<![\d.,])([1-9]\d{0,2}(?:,\d{3})+)(\.\d+)?(?![\d,]|\.\d)")
+# 0.\overline{3}, 1.2\overline{45}, 0.1\dot{6}, 0.(3): repeating decimals
+_REPEATING = re.compile(
+    r"(?<![\d.])(\d*)\.(\d*)(?:\\overline\s*\{\s*(\d+)\s*\}|\\overline\s*(\d)|\\dot\s*\{\s*(\d)\s*\}"
+    r"|\\dot\s*(\d)|\((\d+)\))"
+)
+MAX_REPEATING_DIGITS = 200
+
+
+def repeating_fraction(whole: str, fixed: str, repeat: str) -> Fraction:
+    """The value of ``whole.fixed(repeat)(repeat)...``: 0.1(6) is 1/6."""
+    base = int(whole or "0") * 10 ** len(fixed) + int(fixed or "0")
+    cycle = 10 ** len(repeat) - 1
+    return Fraction(base * cycle + int(repeat), 10 ** len(fixed) * cycle)
+
+
+def _repeating(m: re.Match) -> str:
+    whole, fixed = m.group(1), m.group(2)
+    repeat = next(g for g in m.groups()[2:] if g is not None)
+    if len(fixed) + len(repeat) + len(whole) > MAX_REPEATING_DIGITS:
+        return m.group(0)
+    value = repeating_fraction(whole, fixed, repeat)
+    return f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
+
+def _bracket_depths(s: str) -> list[int]:
+    """Depth of ( [ \\{ brackets at every index of ``s``."""
+    depths, depth = [], 0
+    for i, c in enumerate(s):
+        if c in "([" or (c == "{" and i and s[i - 1] == "\\"):
+            depth += 1
+        elif c in ")]" or (c == "}" and i and s[i - 1] == "\\"):
+            depth = max(0, depth - 1)
+        depths.append(depth)
+    return depths
+
+
+def _join_thousands(s: str) -> str:
+    if "," not in s:
+        return s
+    depths = None
+    out, last = [], 0
+    for m in _THOUSANDS.finditer(s):
+        if depths is None:
+            depths = _bracket_depths(s)
+        if depths[m.start()] > 0:
+            continue
+        out.append(s[last : m.start()])
+        out.append(m.group(1).replace(",", "") + (m.group(2) or ""))
+        last = m.end()
+    out.append(s[last:])
+    return "".join(out)
+
+
+_REWRITES = [
+    (re.compile(p), r)
+    for p, r in (
+        (r"\\left\s*\.|\\right\s*\.", " "),
+        (r"\\(?:left|right|middle)(?![a-zA-Z])", ""),
+    )
+]
+_COMMAND_REWRITES = [
+    (re.compile(p), r)
+    for p, r in (
+        (r"\\[dtc]frac(?![a-zA-Z])", r"\\frac"),
+        (r"\\[dt]binom(?![a-zA-Z])", r"\\binom"),
+        (r"\\(?:lvert|rvert|vert|lVert|rVert|Vert)(?![a-zA-Z])", "|"),
+        (r"\\(?:leqslant|leq|le)(?![a-zA-Z])", r"\\le "),
+        (r"\\(?:geqslant|geq|ge)(?![a-zA-Z])", r"\\ge "),
+        (r"\\(?:neq|ne)(?![a-zA-Z])", r"\\ne "),
+        (r"\\lt(?![a-zA-Z])", "<"),
+        (r"\\gt(?![a-zA-Z])", ">"),
+        (r"\\(?:degree|textdegree)(?![a-zA-Z])", r"^\\circ "),
+    )
+]
+_WHITESPACE = re.compile(r"\s+")
+
+
+def clean(text: str) -> str:
+    """Spacing, delimiters and spellings that never change the value, removed or unified."""
+    s = undouble_escapes(text.strip())
+    for ch, repl in _UNICODE.items():
+        if ch in s:
+            s = s.replace(ch, repl)
+    if "," in s or "{" in s:
+        s = _EXPLICIT_THOUSANDS.sub("", s)
+    if " " in s or "\\" in s or "~" in s:
+        s = _SPACED_THOUSANDS.sub(lambda m: m.group(1) + _SPACED_GROUP_SEP.sub("", m.group(2)), s)
+    s = s.replace("{,}", ",")
+    s = s.replace("\\\\", " \\newrow ")  # a matrix row break, kept apart from "\ " spacing
+    s = s.replace("\\$", " \\USD ").replace("$", "")
+    s = s.replace("\\(", "").replace("\\)", "").replace("\\[", "").replace("\\]", "")
+    if "\\" in s:
+        for pattern, repl in _REWRITES:
+            s = pattern.sub(repl, s)
+        s = _GLUED_QUAD.sub(" ", s)
+        s = _SPACING.sub(" ", s)
+        s = _NUMBER_SETS.sub(lambda m: f"\\set{m.group(1)} ", s)
+        s = _STYLE.sub("", s)
+        for pattern, repl in _COMMAND_REWRITES:
+            s = pattern.sub(repl, s)
+    s = s.replace("<=", r"\le ").replace(">=", r"\ge ").replace("!=", r"\ne ")
+    s = s.replace("~", " ").replace("\\%", "%")
+    if "." in s:
+        s = _REPEATING.sub(_repeating, s)
+    s = _join_thousands(s)
+    s = _WHITESPACE.sub(" ", s).strip()
+    s = s.rstrip(".").strip()
+    return s
+
+
+_SQUASH_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+_SQUASH_SPACE = re.compile(r"(?<!\d) | (?!\d)")
+CHOICE = re.compile(r"\(?([A-Ea-e])\)?|\\text(?:bf)?\{\s*\(?([A-E])\)?\s*\}")
+
+
+def squash(text: str) -> str:
+    """An answer with its spacing and text wrappers removed: equal squashes are one answer
+    (digits apart stay apart: "2 1/2" is not "21/2")."""
+    return _SQUASH_SPACE.sub("", _SQUASH_TEXT.sub(r"\1", clean(text)))
+
+
+def choice_letter(text: str) -> str | None:
+    """The letter of a multiple-choice answer (``C``, ``(C)``, ``\\text{(C)}``), else None."""
+    s = clean(text)
+    m = CHOICE.fullmatch(s)
+    if m is None or s in "abcde":
+        return None
+    return (m.group(1) or m.group(2)).upper()
+
+
+_TEXT_WRAPPERS = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mbox|operatorname)\s*\{([^{}]*)\}"
+)
+
+
+def strip_text_wrappers(s: str) -> str:
+    return _TEXT_WRAPPERS.sub(r"\1", s)
+
+
+def normalize_text(text: str) -> str:
+    """The spelling-insensitive form of an answer, for answers that are words."""
+    s = strip_text_wrappers(clean(text))
+    s = s.replace("{", "").replace("}", "").replace("\\", "")
+    return re.sub(r"\s+", "", s).lower()
+
+
+# --------------------------------------------------------------------------- units
+
+_UNIT_ALIASES = {
+    "centimeter": "cm", "centimetre": "cm", "meter": "m", "metre": "m", "kilometer": "km",
+    "kilometre": "km", "millimeter": "mm", "millimetre": "mm", "inch": "in", "inche": "in",
+    "foot": "ft", "feet": "ft", "yard": "yd", "mile": "mi", "kilogram": "kg", "gram": "g",
+    "pound": "lb", "lbs": "lb", "ounce": "oz", "liter": "l", "litre": "l", "milliliter": "ml",
+    "millilitre": "ml", "second": "s", "sec": "s", "minute": "min", "hour": "h", "hr": "h",
+    "hrs": "h", "day": "day", "week": "week", "month": "month", "year": "year", "yr": "year",
+    "dollar": "dollar", "usd": "dollar", "buck": "dollar", "cent": "cent", "euro": "euro",
+    "eur": "euro", "yuan": "yuan", "rmb": "yuan", "yen": "yen", "kmh": "km/h", "kph": "km/h",
+    "mph": "mi/h", "sqft": "ft^2", "sqm": "m^2", "degree": "degree", "radian": "rad",
+    "meterpersecond": "m/s", "milesperhour": "mi/h", "kilometersperhour": "km/h",
+}  # fmt: skip
+# words that say nothing about which unit: "5 units", "12 square units"
+WILDCARD_UNITS = {"unit", "units", "squareunit", "squareunits", "unit^2", "unit^3", ""}
+_POWER_WORDS = (("square", "^2"), ("sq", "^2"), ("cubic", "^3"), ("cu", "^3"))
+
+
+def unit_key(unit: str) -> str:
+    """A canonical spelling of a unit: ``\\text{ square centimeters}`` and ``cm^2`` agree."""
+    s = strip_text_wrappers(unit).lower()
+    s = s.replace("{", "").replace("}", "").replace("\\", "").replace(" ", "").replace(".", "")
+    s = s.replace("²", "^2").replace("³", "^3")
+    power = ""
+    for word, exp in _POWER_WORDS:
+        if s.startswith(word) and len(s) > len(word):
+            s, power = s[len(word) :], exp
+            break
+    m = re.fullmatch(r"([a-z/]+)(\^\d)?", s)
+    if m is None:
+        return s + power
+    word, exp = m.group(1), m.group(2) or power
+    if word in WILDCARD_UNITS:
+        return ""
+    if word not in _UNIT_ALIASES and len(word) > 3 and word.endswith("s"):
+        word = word[:-1]  # plural
+    if word.endswith("es") and word[:-2] in _UNIT_ALIASES:
+        word = word[:-2]
+    return _UNIT_ALIASES.get(word, word) + exp
+
+
+def units_differ(a: str | None, b: str | None) -> bool:
+    """Both answers name a unit and the units are not the same (``cm`` vs ``m``)."""
+    if not a or not b:
+        return False
+    ka, kb = unit_key(a), unit_key(b)
+    return bool(ka) and bool(kb) and ka != kb
