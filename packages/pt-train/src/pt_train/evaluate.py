@@ -144,7 +144,7 @@ class Evaluator:
         graded, summary = grade_rows(
             [
                 {"id": r.id, "completion": completion_text(trainer.tokenizer, c.token_ids, []),
-                 "answer": r.columns[g.answer_key]}
+                 "answer": r.columns[g.answer_key], "finish_reason": c.finish_reason}
                 for r, c in zip(rows, completions, strict=True)
             ],
             GradeOptions(pred_key="completion", gold_key="answer", id_key="id"),

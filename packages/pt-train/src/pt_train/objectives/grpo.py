@@ -375,7 +375,9 @@ class GRPO(Objective):
                 hint="set objective.reward.answer_key, or a reward function",
             )
         graded, _ = grade_rows(
-            [{"id": i, "completion": r["completion"], "answer": r[cfg.answer_key]}
+            # finish_reason: a completion cut at max_tokens gets no last-number fallback
+            [{"id": i, "completion": r["completion"], "answer": r[cfg.answer_key],
+              "finish_reason": r.get("finish_reason")}
              for i, r in enumerate(rows)],
             GradeOptions(pred_key="completion", gold_key="answer", id_key="id"),
             pool=self._grading_pool(),
