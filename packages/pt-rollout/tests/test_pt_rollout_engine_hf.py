@@ -107,3 +107,45 @@ def test_stop_string_ends_the_completion(engine):
     assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
     assert stop in engine.tokenizer.decode(stopped.token_ids, skip_special_tokens=True)
     assert stop not in engine.tokenizer.decode(stopped.token_ids[:-1], skip_special_tokens=True)
+
+
+def test_processed_logprobs_are_those_of_the_distribution_sampled_from(engine, model):
+    """logprobs_mode=processed: log softmax(logits / T) of the sampled token (top-p 1), the
+    behaviour policy an importance ratio divides by; computed here from a plain forward."""
+    params = SamplingParams(temperature=0.7, max_tokens=6, logprobs=True, logprobs_mode="processed")
+    completions = engine.generate([Request(p, seed=5) for p in PROMPTS], params)
+    for prompt, c in zip(PROMPTS, completions, strict=True):
+        ids = torch.tensor([prompt + c.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0].float()
+        rows = torch.log_softmax(logits / 0.7, dim=-1)[
+            len(prompt) - 1 : len(prompt) + len(c.token_ids) - 1
+        ]
+        want = rows.gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+        assert c.logprobs == pytest.approx(want.tolist(), abs=1e-4)
+
+
+def test_top_k_of_every_step_and_the_teachers_log_probs_of_them(engine, model):
+    """logprobs_top_k records the raw top-k at each step; scoring at those ids (as a teacher
+    does for distillation over the student's top-k) gives the plain forward's log-probs."""
+    params = SamplingParams(temperature=1.0, max_tokens=5, logprobs_top_k=3)
+    completions = engine.generate([Request(p, seed=2) for p in PROMPTS], params)
+    scores = engine.score(
+        PROMPTS, [c.token_ids for c in completions], at_ids=[c.topk_ids for c in completions]
+    )
+    for prompt, c, s in zip(PROMPTS, completions, scores, strict=True):
+        _, rows = plain_logprobs(model, prompt, c.token_ids)
+        values, ids = rows.topk(3, dim=-1)
+        assert c.topk_ids == ids.tolist()
+        torch.testing.assert_close(torch.tensor(c.topk_logprobs), values, atol=1e-4, rtol=0)
+        at = rows.gather(-1, torch.tensor(c.topk_ids))
+        torch.testing.assert_close(torch.tensor(s.at_ids_logprobs), at, atol=1e-4, rtol=0)
+
+
+def test_engine_seeding_samples_a_batch_from_one_seeded_generator(tiny_model_dir):
+    """seeded=False: reproducible for the same engine seed and batch, and a valid sample."""
+    params = SamplingParams(temperature=1.0, max_tokens=6, seeded=False)
+    a = HFEngine(str(tiny_model_dir), seed=11).generate([Request(p) for p in PROMPTS], params)
+    b = HFEngine(str(tiny_model_dir), seed=11).generate([Request(p) for p in PROMPTS], params)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert all(len(c.token_ids) >= 1 for c in a)
