@@ -3,10 +3,12 @@ against log-probs computed here with plain ``transformers`` forward passes in fl
 the losses written out from the papers:
 
 - sigmoid: Rafailov et al. 2023 (DPO), Eq. 7; label smoothing e: Mitchell 2023 (cDPO);
-- robust: Chowdhury et al. 2024, Eq. 9 (unbiased under label-flip rate e);
-- hinge: Zhao et al. 2023 (SLiC-HF), calibration loss max(0, delta - log-ratio), delta = 1;
+- robust: Chowdhury et al. 2024 (provably robust DPO: unbiased under label-flip rate e);
+- hinge: Liu et al. 2023 (RSO), SLiC's hinge (Zhao et al. 2023) on the reference-normalised
+  margin, max(0, 1 - b h), as in TRL;
 - ipo: Azar et al. 2023, Eq. 17, on token-mean log-probs as in TRL;
-- bco_pair: Jung et al. 2024 (BCO), rewards shifted by a running mean delta;
+- bco_pair: Jung et al. 2024 (BCO), rewards shifted by a running mean delta (here, as
+  documented, of the steps before this one; TRL also counts the current batch);
 - sppo_hard: Wu et al. 2024 (SPPO), Eq. 4.7 with hard win probabilities 1 and 0;
 - apo_zero: D'Oosterlinck et al. 2024 (APO-zero);
 - simpo: Meng et al. 2024, Eq. 6 (token-mean log-probs, no reference, margin gamma);
@@ -457,6 +459,26 @@ def test_step_one_loss_is_the_same_however_the_pairs_are_laid_out(
     )
     cfg_dict["data"].update(data)
     (record,) = run_metrics(TrainConfig.model_validate(cfg_dict))
+    assert record["loss"] == pytest.approx(expected_loss(objective, logps), **LOSS_TOLERANCE)
+
+
+def test_pairs_from_a_pt_data_dataset_directory_train_like_the_jsonl_file(
+    tmp_path, tiny_tokenizer_dir, other_model_dir, logps
+):
+    """data.path may be a pt-data dataset directory (<dir>/train/part-*.parquet) of the
+    same tokenized pairs: the step-1 loss is the same paper value."""
+    from pt_core.files import write_rows
+
+    dataset = tmp_path / "dataset"
+    write_rows(dataset / "train" / "part-00000.parquet", preference_pairs())
+    objective = CASES["sigmoid"]
+    cfg = dpo_config(
+        tmp_path / "runs",
+        tiny_tokenizer_dir,
+        dataset,
+        {**objective, "reference": {"path": str(other_model_dir)}},
+    )
+    (record,) = run_metrics(cfg)
     assert record["loss"] == pytest.approx(expected_loss(objective, logps), **LOSS_TOLERANCE)
 
 
