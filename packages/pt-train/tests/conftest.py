@@ -11,6 +11,34 @@ import pytest
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
+@pytest.fixture(scope="session")
+def tiny_run_config(tiny_tokenizer_dir):
+    """``build(output_dir, data_path, objective, **training) -> dict``: the config of a run
+    of the tiny Llama (``model.init`` with seed 0, i.e. the weights of ``tiny_model_dir``)
+    under ``output_dir/run``; lr 0 and one step of 8 rows (or pairs) in one micro-batch
+    unless ``training`` says otherwise, so that the logged loss is the loss at the start."""
+
+    def build(output_dir, data_path, objective: dict, **training) -> dict:
+        defaults = {
+            "seed": 0,
+            "lr_schedule": "constant",
+            "learning_rate": 0.0,
+            "global_batch_size": 8,
+            "micro_batch_size": 8,
+            "max_steps": 1,
+        }
+        return {
+            "run_name": "run",
+            "output_dir": str(output_dir),
+            "model": {"init": {"tokenizer": str(tiny_tokenizer_dir)}},  # hidden 128, 2 layers
+            "data": {"path": str(data_path)},
+            "objective": objective,
+            "training": {**defaults, **training},
+        }
+
+    return build
+
+
 @pytest.fixture
 def launcher_variables() -> tuple[str, ...]:
     return LAUNCHER_VARIABLES

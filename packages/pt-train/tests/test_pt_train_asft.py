@@ -16,7 +16,6 @@ softmax(reference))``, i.e. KL(r || p), averaged with the DFT term over the vali
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -26,6 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from pt_core.files import write_rows
 from pt_train.config import TrainConfig
 from pt_train.metrics import read_metrics
 from pt_train.trainer import train
@@ -43,16 +43,9 @@ def token_rows(n: int = 8, seed: int = 0) -> list[dict]:
     return rows
 
 
-def write_jsonl(path, rows):
-    with open(path, "w") as fh:
-        for r in rows:
-            fh.write(json.dumps(r) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def rows_file(tmp_path_factory):
-    return write_jsonl(tmp_path_factory.mktemp("rows") / "rows.jsonl", token_rows())
+    return write_rows(tmp_path_factory.mktemp("rows") / "rows.jsonl", token_rows())
 
 
 @pytest.fixture(scope="module")
@@ -71,42 +64,20 @@ def sharp_reference_dir(tmp_path_factory, tiny_tokenizer):
     return out
 
 
-def config_dict(tmp_path, tokenizer_dir, data_path, objective: dict, **training) -> dict:
-    """A run of the tiny Llama (``model.init``, seed 0, the weights of ``tiny_model_dir``);
-    lr 0 and one step of all 8 rows unless told otherwise."""
-    defaults = {
-        "seed": 0,
-        "lr_schedule": "constant",
-        "learning_rate": 0.0,
-        "global_batch_size": 8,
-        "micro_batch_size": 8,
-        "max_steps": 1,
-    }
-    return {
-        "run_name": "run",
-        "output_dir": str(tmp_path),
-        "model": {
-            "init": {
-                "tokenizer": str(tokenizer_dir),
-                "hidden_size": 128,
-                "num_layers": 2,
-                "num_heads": 2,
-            }
-        },
-        "data": {"path": str(data_path)},
-        "objective": objective,
-        "training": {**defaults, **training},
-    }
+@pytest.fixture(scope="module")
+def run(tiny_run_config):
+    """``run(output_dir, data_path, objective, **training)``: train the tiny Llama (see
+    ``tiny_run_config``); return (metrics records, final weights)."""
 
+    def train_and_read(output_dir, data_path, objective: dict, **training):
+        cfg = TrainConfig.model_validate(
+            tiny_run_config(output_dir, data_path, objective, **training)
+        )
+        result = train(cfg)
+        path = cfg.run_dir / "inference" / f"step-{result.step}" / "model.safetensors"
+        return read_metrics(cfg.run_dir), load_file(path)
 
-def run(tmp_path, tokenizer_dir, data_path, objective, **training):
-    """Train; return (metrics records, final weights)."""
-    cfg = TrainConfig.model_validate(
-        config_dict(tmp_path, tokenizer_dir, data_path, objective, **training)
-    )
-    result = train(cfg)
-    weights = load_file(cfg.run_dir / "inference" / f"step-{result.step}" / "model.safetensors")
-    return read_metrics(cfg.run_dir), weights
+    return train_and_read
 
 
 # --------------------------------------------------------------------------- independent side
@@ -154,15 +125,13 @@ def kl_terms(policy: torch.Tensor, reference: torch.Tensor, direction: str) -> t
 # --------------------------------------------------------------------------- tests
 
 
-def test_asft_with_kl_coef_zero_is_dft_bit_for_bit(tmp_path, tiny_tokenizer_dir, rows_file):
+def test_asft_with_kl_coef_zero_is_dft_bit_for_bit(tmp_path, run, rows_file):
     """kl_coef 0 removes the anchor: 3 steps of lr 1e-3 give DFT's losses and weights
     exactly (the reference is not even loaded)."""
     training = {"learning_rate": 1e-3, "micro_batch_size": 4, "max_steps": 3}
-    dft, dft_weights = run(
-        tmp_path / "dft", tiny_tokenizer_dir, rows_file, {"name": "dft"}, **training
-    )
+    dft, dft_weights = run(tmp_path / "dft", rows_file, {"name": "dft"}, **training)
     asft, asft_weights = run(
-        tmp_path / "asft", tiny_tokenizer_dir, rows_file,
+        tmp_path / "asft", rows_file,
         {"name": "asft", "kl_coef": 0.0}, **training,
     )  # fmt: skip
     assert [r["loss"] for r in asft] == [r["loss"] for r in dft]
@@ -173,13 +142,13 @@ def test_asft_with_kl_coef_zero_is_dft_bit_for_bit(tmp_path, tiny_tokenizer_dir,
 
 @pytest.mark.parametrize("direction", ["forward", "reverse"])
 def test_asft_anchor_is_zero_when_the_reference_is_the_policy_start(
-    tmp_path, tiny_tokenizer_dir, rows_file, direction
+    tmp_path, run, rows_file, direction
 ):
     """With no reference path the anchor is the policy's own starting weights, so at
     step 1 p = r at every position: KL is 0 in either direction and the loss is DFT's."""
-    (dft,), _ = run(tmp_path / "dft", tiny_tokenizer_dir, rows_file, {"name": "dft"})
+    (dft,), _ = run(tmp_path / "dft", rows_file, {"name": "dft"})
     (asft,), _ = run(
-        tmp_path / "asft", tiny_tokenizer_dir, rows_file,
+        tmp_path / "asft", rows_file,
         {"name": "asft", "kl_coef": 1.0, "kl_direction": direction},
     )  # fmt: skip
     assert asft["kl"] == pytest.approx(0.0, abs=1e-7)
@@ -198,13 +167,13 @@ def test_the_sharp_reference_tells_the_kl_directions_apart(distributions):
 
 @pytest.mark.parametrize("direction", ["forward", "reverse"])
 def test_asft_step_one_loss_matches_the_independent_computation(
-    tmp_path, tiny_tokenizer_dir, rows_file, sharp_reference_dir, distributions, direction
+    tmp_path, run, rows_file, sharp_reference_dir, distributions, direction
 ):
     """lr 0: the step-1 loss is mean_t [-p(y_t) log p(y_t) + kl_coef KL_t] over the 8 rows'
     trained tokens, and the logged kl is mean_t KL_t, from full float64 logits."""
     kl_coef = 0.3
     (record,), _ = run(
-        tmp_path, tiny_tokenizer_dir, rows_file,
+        tmp_path, rows_file,
         {"name": "asft", "kl_coef": kl_coef, "kl_direction": direction,
          "reference": {"path": str(sharp_reference_dir)}},
     )  # fmt: skip
@@ -219,7 +188,7 @@ def test_asft_step_one_loss_matches_the_independent_computation(
 
 
 def test_asft_eight_micro_batches_of_one_row_train_like_one_of_eight(
-    tmp_path, tiny_tokenizer_dir, rows_file, sharp_reference_dir
+    tmp_path, run, rows_file, sharp_reference_dir
 ):
     """The anchor is a sum over trained tokens like the DFT term, normalised by the step's
     trained tokens, so 1 x 8 and 8 x 1 give the same losses and weights after 3 steps of
@@ -228,7 +197,6 @@ def test_asft_eight_micro_batches_of_one_row_train_like_one_of_eight(
     runs = {
         micro: run(
             tmp_path / f"micro{micro}",
-            tiny_tokenizer_dir,
             rows_file,
             objective,
             learning_rate=1e-3,
@@ -247,7 +215,7 @@ def test_asft_eight_micro_batches_of_one_row_train_like_one_of_eight(
 
 @pytest.mark.slow
 def test_asft_on_two_ranks_zero3_trains_like_one_rank(
-    tmp_path, tiny_tokenizer_dir, rows_file, sharp_reference_dir
+    tmp_path, run, tiny_run_config, rows_file, sharp_reference_dir
 ):
     """Under ZeRO-3 the reference is partitioned over the ranks and its LM head is applied
     inside the policy's chunked head (and again when the chunk is recomputed in the
@@ -255,8 +223,8 @@ def test_asft_on_two_ranks_zero3_trains_like_one_rank(
     import yaml
 
     objective = {"name": "asft", "kl_coef": 0.3, "reference": {"path": str(sharp_reference_dir)}}
-    config = config_dict(
-        tmp_path / "runs", tiny_tokenizer_dir, rows_file, objective,
+    config = tiny_run_config(
+        tmp_path / "runs", rows_file, objective,
         learning_rate=1e-3, micro_batch_size=4, max_steps=3,
     )  # fmt: skip
     (tmp_path / "asft.yaml").write_text(yaml.safe_dump(config))
@@ -277,7 +245,7 @@ def test_asft_on_two_ranks_zero3_trains_like_one_rank(
         pytest.fail(f"2-rank ASFT did not finish in 400 s; stderr ends:\n{err[-3000:]}")
     assert proc.returncode == 0, err
     one, one_weights = run(
-        tmp_path / "one", tiny_tokenizer_dir, rows_file, objective,
+        tmp_path / "one", rows_file, objective,
         learning_rate=1e-3, micro_batch_size=4, max_steps=3,
     )  # fmt: skip
     run_dir = tmp_path / "runs" / "run"

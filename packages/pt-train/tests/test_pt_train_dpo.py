@@ -38,6 +38,7 @@ import torch.nn.functional as F
 import yaml
 from safetensors.torch import load_file
 
+from pt_core.files import write_rows
 from pt_train.config import TrainConfig
 from pt_train.metrics import read_metrics
 from pt_train.trainer import train
@@ -72,16 +73,9 @@ def preference_pairs(n: int = 8, seed: int = 0) -> list[dict]:
     return rows
 
 
-def write_jsonl(path, rows):
-    with open(path, "w") as fh:
-        for r in rows:
-            fh.write(json.dumps(r) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def pairs_file(tmp_path_factory):
-    return write_jsonl(tmp_path_factory.mktemp("pairs") / "pairs.jsonl", preference_pairs())
+    return write_rows(tmp_path_factory.mktemp("pairs") / "pairs.jsonl", preference_pairs())
 
 
 @pytest.fixture(scope="module")
@@ -97,36 +91,20 @@ def other_model_dir(tmp_path_factory, tiny_tokenizer):
     return out
 
 
-def dpo_config_dict(tmp_path, tokenizer_dir, data_path, objective: dict, **training) -> dict:
-    """A DPO run of the tiny Llama (``model.init``, seed 0) on ``data_path``; lr 0 and one
-    step unless told otherwise, so the logged loss is the loss at the start."""
-    defaults = {
-        "seed": 0,
-        "lr_schedule": "constant",
-        "learning_rate": 0.0,
-        "global_batch_size": 8,
-        "micro_batch_size": 8,
-        "max_steps": 1,
-    }
-    return {
-        "run_name": "run",
-        "output_dir": str(tmp_path),
-        "model": {
-            "init": {
-                "tokenizer": str(tokenizer_dir),
-                "hidden_size": 128,
-                "num_layers": 2,
-                "num_heads": 2,
-            }
-        },
-        "data": {"path": str(data_path)},
-        "objective": {"name": "dpo", **objective},
-        "training": {**defaults, **training},
-    }
+@pytest.fixture(scope="module")
+def dpo_config_dict(tiny_run_config):
+    """``build(output_dir, data_path, objective, **training)``: a DPO run's config dict."""
+
+    def build(output_dir, data_path, objective: dict, **training) -> dict:
+        return tiny_run_config(output_dir, data_path, {"name": "dpo", **objective}, **training)
+
+    return build
 
 
-def dpo_config(*args, **kwargs) -> TrainConfig:
-    return TrainConfig.model_validate(dpo_config_dict(*args, **kwargs))
+@pytest.fixture(scope="module")
+def dpo_config(dpo_config_dict):
+    """Like ``dpo_config_dict``, validated."""
+    return lambda *args, **kwargs: TrainConfig.model_validate(dpo_config_dict(*args, **kwargs))
 
 
 def run_metrics(cfg: TrainConfig) -> list[dict]:
@@ -227,13 +205,11 @@ def paper_losses(loss_type, pi, ref, n, *, beta, e=0.0, gamma=0.5, delta=0.0):
     ],
 )
 def test_loss_at_initialisation_where_policy_and_reference_agree(
-    tmp_path, tiny_tokenizer_dir, pairs_file, loss_type, beta, expected
+    tmp_path, dpo_config, pairs_file, loss_type, beta, expected
 ):
     """With no reference path the reference is the policy's start, so every log-ratio is
     0 and each loss takes the value of its formula at c = r = 0."""
-    cfg = dpo_config(
-        tmp_path, tiny_tokenizer_dir, pairs_file, {"loss_type": loss_type, "beta": beta}
-    )
+    cfg = dpo_config(tmp_path, pairs_file, {"loss_type": loss_type, "beta": beta})
     (record,) = run_metrics(cfg)
     assert record["loss"] == pytest.approx(expected, abs=1e-6)
     for key in ("rewards/chosen", "rewards/rejected", "rewards/margins"):
@@ -242,13 +218,13 @@ def test_loss_at_initialisation_where_policy_and_reference_agree(
 
 @pytest.mark.parametrize("beta", [0.1, 0.5])
 def test_sigmoid_gradient_at_initialisation_is_minus_half_beta_times_the_margin_gradient(
-    tmp_path, tiny_tokenizer_dir, tiny_model_dir, pairs_file, beta
+    tmp_path, dpo_config, tiny_model_dir, pairs_file, beta
 ):
     """d/dh [-log s(b h)] = -b s(-b h) = -b/2 at h = 0, so at the start the gradient of the
     step's mean loss is -b/2 x the gradient of the mean margin mean_p(pi_c - pi_r) (the
     reference is constant). The logged grad_norm (before clipping) must be b/2 x the norm
     of that gradient, computed here with autograd through a plain forward in float64."""
-    cfg = dpo_config(tmp_path, tiny_tokenizer_dir, pairs_file, {"beta": beta})
+    cfg = dpo_config(tmp_path, pairs_file, {"beta": beta})
     (record,) = run_metrics(cfg)
 
     model = load_float64(tiny_model_dir)
@@ -341,14 +317,13 @@ def test_the_seed_1_reference_moves_the_log_ratios_far_from_zero(logps):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_step_one_loss_with_a_different_reference_matches_the_paper(
-    tmp_path, tiny_tokenizer_dir, pairs_file, other_model_dir, logps, case
+    tmp_path, dpo_config, pairs_file, other_model_dir, logps, case
 ):
     """lr 0: the logged step-1 loss is the loss of the starting policy against the seed-1
     reference, which is the paper's formula on the independent log-probs."""
     objective = CASES[case]
     cfg = dpo_config(
         tmp_path,
-        tiny_tokenizer_dir,
         pairs_file,
         {**objective, "reference": {"path": str(other_model_dir)}},
     )
@@ -357,7 +332,7 @@ def test_step_one_loss_with_a_different_reference_matches_the_paper(
 
 
 def test_logged_rewards_and_log_probs_are_the_papers_implicit_rewards(
-    tmp_path, tiny_tokenizer_dir, pairs_file, other_model_dir, logps
+    tmp_path, dpo_config, pairs_file, other_model_dir, logps
 ):
     """rewards/chosen = mean_p b (pi_c - ref_c), likewise rejected, margins their
     difference, accuracies the fraction of pairs whose chosen reward is the larger, and
@@ -365,7 +340,6 @@ def test_logged_rewards_and_log_probs_are_the_papers_implicit_rewards(
     beta = 0.5
     cfg = dpo_config(
         tmp_path,
-        tiny_tokenizer_dir,
         pairs_file,
         {"beta": beta, "reference": {"path": str(other_model_dir)}},
     )
@@ -383,7 +357,7 @@ def test_logged_rewards_and_log_probs_are_the_papers_implicit_rewards(
 
 
 def test_bco_pair_shifts_by_the_mean_reward_of_the_steps_before(
-    tmp_path, tiny_tokenizer_dir, pairs_file, other_model_dir, logps
+    tmp_path, dpo_config, pairs_file, other_model_dir, logps
 ):
     """bco_pair's delta is, as documented, the mean of every chosen and rejected reward
     of the previous steps: 0 at step 1, and at step 2 (lr 0, the same 8 pairs again) the
@@ -391,7 +365,6 @@ def test_bco_pair_shifts_by_the_mean_reward_of_the_steps_before(
     objective = CASES["bco_pair"]
     cfg = dpo_config(
         tmp_path,
-        tiny_tokenizer_dir,
         pairs_file,
         {**objective, "reference": {"path": str(other_model_dir)}},
         max_steps=2,
@@ -407,7 +380,7 @@ def test_bco_pair_shifts_by_the_mean_reward_of_the_steps_before(
 
 
 def test_precomputed_reference_gives_the_live_reference_loss(
-    tmp_path, tiny_tokenizer_dir, pairs_file, other_model_dir, logps
+    tmp_path, dpo_config, pairs_file, other_model_dir, logps
 ):
     """reference.precompute computes the reference's log-probs once, before training, and
     stores them in <run>/reference/; the step-1 loss is the one with the reference run
@@ -416,7 +389,6 @@ def test_precomputed_reference_gives_the_live_reference_loss(
     live, stored = (
         dpo_config(
             tmp_path / name,
-            tiny_tokenizer_dir,
             pairs_file,
             {**objective, "reference": {"path": str(other_model_dir), "precompute": precompute}},
         )
@@ -444,7 +416,7 @@ def test_precomputed_reference_gives_the_live_reference_loss(
     ],
 )
 def test_step_one_loss_is_the_same_however_the_pairs_are_laid_out(
-    tmp_path, tiny_tokenizer_dir, pairs_file, other_model_dir, logps, layout, training, data
+    tmp_path, dpo_config_dict, pairs_file, other_model_dir, logps, layout, training, data
 ):
     """A pair is one item: with one pair per micro-batch and 8 accumulation steps the
     chosen and rejected sequences of a pair are still scored together, and the step's
@@ -452,7 +424,6 @@ def test_step_one_loss_is_the_same_however_the_pairs_are_laid_out(
     objective = CASES["sigmoid"]
     cfg_dict = dpo_config_dict(
         tmp_path,
-        tiny_tokenizer_dir,
         pairs_file,
         {**objective, "reference": {"path": str(other_model_dir)}},
         **training,
@@ -463,18 +434,15 @@ def test_step_one_loss_is_the_same_however_the_pairs_are_laid_out(
 
 
 def test_pairs_from_a_pt_data_dataset_directory_train_like_the_jsonl_file(
-    tmp_path, tiny_tokenizer_dir, other_model_dir, logps
+    tmp_path, dpo_config, other_model_dir, logps
 ):
     """data.path may be a pt-data dataset directory (<dir>/train/part-*.parquet) of the
     same tokenized pairs: the step-1 loss is the same paper value."""
-    from pt_core.files import write_rows
-
     dataset = tmp_path / "dataset"
     write_rows(dataset / "train" / "part-00000.parquet", preference_pairs())
     objective = CASES["sigmoid"]
     cfg = dpo_config(
         tmp_path / "runs",
-        tiny_tokenizer_dir,
         dataset,
         {**objective, "reference": {"path": str(other_model_dir)}},
     )
@@ -483,7 +451,7 @@ def test_pairs_from_a_pt_data_dataset_directory_train_like_the_jsonl_file(
 
 
 def test_eight_micro_batches_of_one_pair_train_like_one_of_eight(
-    tmp_path, tiny_tokenizer_dir, other_model_dir
+    tmp_path, dpo_config, other_model_dir
 ):
     """The step's loss is the mean over all its pairs whatever the split, so 1 x 8 and
     8 x 1 give the same losses and weights after 3 steps of lr 1e-3 (16 pairs, shuffled).
@@ -491,12 +459,11 @@ def test_eight_micro_batches_of_one_pair_train_like_one_of_eight(
     in another order (~1e-7 relative on the gradients); AdamW divides each update by
     sqrt(v), which for weights whose gradient is near 0 makes that rounding up to a few
     percent of one lr-1e-3 step."""
-    data = write_jsonl(tmp_path / "pairs16.jsonl", preference_pairs(16, seed=1))
+    data = write_rows(tmp_path / "pairs16.jsonl", preference_pairs(16, seed=1))
     runs = {}
     for micro in (8, 1):
         cfg = dpo_config(
             tmp_path / f"micro{micro}",
-            tiny_tokenizer_dir,
             data,
             {"loss_type": ["sigmoid", "bco_pair"], "beta": 0.5,
              "reference": {"path": str(other_model_dir)}},
@@ -564,17 +531,16 @@ def cli_weights(run_dir, step: int = CLI_STEPS) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cli_workdir(tmp_path_factory, tiny_tokenizer_dir, other_model_dir):
+def cli_workdir(tmp_path_factory, dpo_config_dict, other_model_dir):
     """16 pairs, a seed-1 reference of its own (so that a test may take it away), and a
     config: [sigmoid, bco_pair] (bco_pair's running mean is state that a resume must
     restore), cosine schedule with warm-up, 4 pairs a step in micro-batches of 2."""
     root = tmp_path_factory.mktemp("dpo-cli")
-    data = write_jsonl(root / "pairs.jsonl", preference_pairs(16, seed=1))
+    data = write_rows(root / "pairs.jsonl", preference_pairs(16, seed=1))
     for name in ("reference", "reference-for-precompute"):
         shutil.copytree(other_model_dir, root / name)
     config = dpo_config_dict(
         root / "runs",
-        tiny_tokenizer_dir,
         data,
         {"loss_type": ["sigmoid", "bco_pair"], "loss_weights": [1.0, 0.5], "beta": 0.5,
          "reference": {"path": str(root / "reference")}},
@@ -701,14 +667,14 @@ def test_two_ranks_zero3_with_a_precomputed_reference_finish(cli_workdir, uninte
 
 def sft_rows_file(root):
     rows = [{"input_ids": [5, 6, 7, 8, 9, 10], "labels": [-100, -100, 7, 8, 9, 10]}] * 4
-    return write_jsonl(root / "sft.jsonl", rows)
+    return write_rows(root / "sft.jsonl", rows)
 
 
 def short_labels_file(root):
     """Pairs whose first row has one chosen label fewer than chosen tokens."""
     rows = preference_pairs(4)
     rows[0]["chosen_labels"] = rows[0]["chosen_labels"][:-1]
-    return write_jsonl(root / "short-labels.jsonl", rows)
+    return write_rows(root / "short-labels.jsonl", rows)
 
 
 # case -> (change to the config, the data file it needs or None, words the error must hold)
@@ -749,7 +715,7 @@ def error_report(stderr: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD_INPUT))
-def test_bad_input_exits_2_with_one_clear_error(tmp_path, tiny_tokenizer_dir, cli_workdir, case):
+def test_bad_input_exits_2_with_one_clear_error(tmp_path, cli_workdir, case):
     """Each mistake is reported by `pt-train run` as one `error:` line (and at most one
     `fix:` line after it) that names what is wrong, exit code 2, no traceback."""
     change, make_data, words = BAD_INPUT[case]
@@ -785,17 +751,15 @@ def test_bad_data_leaves_no_run_directory(tmp_path, cli_workdir):
 
 @pytest.mark.slow
 def test_the_old_training_loss_key_still_trains_that_objective(
-    tmp_path, tiny_tokenizer_dir, cli_workdir
+    tmp_path, dpo_config_dict, cli_workdir
 ):
     """`training.loss: dft` (the key before objectives were sections) is read as
     `objective: {name: dft}`, with a warning that names the new key: the run trains DFT,
     says so in its manifest and frozen config, and logs the losses of an
     `objective: {name: dft}` run."""
     rows = [{"input_ids": list(range(5 + i, 25 + i)), "labels": [-100] * 4 + list(range(9 + i, 25 + i))} for i in range(8)]  # fmt: skip
-    data = write_jsonl(tmp_path / "rows.jsonl", rows)
-    old = dpo_config_dict(
-        tmp_path / "runs", tiny_tokenizer_dir, data, {}, learning_rate=1e-3, max_steps=2
-    )
+    data = write_rows(tmp_path / "rows.jsonl", rows)
+    old = dpo_config_dict(tmp_path / "runs", data, {}, learning_rate=1e-3, max_steps=2)
     del old["objective"]
     old["training"]["loss"] = "dft"
     (tmp_path / "old.yaml").write_text(yaml.safe_dump(old))
