@@ -1,0 +1,59 @@
+"""pt-train's test fixtures beyond the root conftest's."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# What a plain process's in-process `pt_train.trainer.train()` exports to form its
+# process group of one (pt_train.distributed.init_distributed).
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(scope="session")
+def tiny_run_config(tiny_tokenizer_dir):
+    """``build(output_dir, data_path, objective, **training) -> dict``: the config of a run
+    of the tiny Llama (``model.init`` with seed 0, i.e. the weights of ``tiny_model_dir``)
+    under ``output_dir/run``; lr 0 and one step of 8 rows (or pairs) in one micro-batch
+    unless ``training`` says otherwise, so that the logged loss is the loss at the start."""
+
+    def build(output_dir, data_path, objective: dict, **training) -> dict:
+        defaults = {
+            "seed": 0,
+            "lr_schedule": "constant",
+            "learning_rate": 0.0,
+            "global_batch_size": 8,
+            "micro_batch_size": 8,
+            "max_steps": 1,
+        }
+        return {
+            "run_name": "run",
+            "output_dir": str(output_dir),
+            "model": {"init": {"tokenizer": str(tiny_tokenizer_dir)}},  # hidden 128, 2 layers
+            "data": {"path": str(data_path)},
+            "objective": objective,
+            "training": {**defaults, **training},
+        }
+
+    return build
+
+
+@pytest.fixture
+def launcher_variables() -> tuple[str, ...]:
+    return LAUNCHER_VARIABLES
+
+
+@pytest.fixture(autouse=True)
+def _restore_launcher_environment():
+    """Put the launcher variables back as they were after each test: a `pt-train run
+    launcher.nproc=N` that a later test starts from this process would otherwise inherit
+    RANK=0 WORLD_SIZE=1, take itself for a launched rank of one, and fail to bind the
+    MASTER_PORT this process's group holds (see test_pt_train_in_process.py)."""
+    saved = {name: os.environ.get(name) for name in LAUNCHER_VARIABLES}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
