@@ -219,6 +219,10 @@ def _describe(
     if kind == "missing":
         return f"{where}: missing required key {dotted!r}\n  fix: add it to the config or pass {dotted}=..."
     value = err.get("input")
+    if kind == "value_error" and isinstance(value, dict):
+        # a section's own check (a model validator): its message says it all
+        message = err["msg"].removeprefix("Value error, ")
+        return f"{where}: {dotted or 'the config'}: {message}"
     expected = _expected_type(schema, raw) or err["msg"]
     shown = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
     if len(shown) > 80:

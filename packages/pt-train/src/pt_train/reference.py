@@ -74,9 +74,9 @@ def precompute_pair_logps(
     model, pairs, make_batch, root: Path, env: DistEnv, *, micro_pairs: int, chunk_mb: int,
     device, dtype, source: str,
 ) -> np.ndarray:  # fmt: skip
-    """[pairs, 2] reference log-probs (chosen, rejected) of every pair, computed here (each
-    rank a share of the chunks) and stored in ``root`` (``<run_dir>/reference``), in chunks
-    that a restarted run does not compute again."""
+    """[pairs, 2] reference log-probs (chosen, rejected) of every pair, computed here (the
+    ranks share each chunk's micro-batches) and stored in ``root``
+    (``<run_dir>/reference``), in chunks that a restarted run does not compute again."""
     root = Path(root)
     fingerprint = pairs_fingerprint(pairs)
     final = root / "logps.npy"
@@ -88,33 +88,55 @@ def precompute_pair_logps(
         root.mkdir(parents=True, exist_ok=True)
     barrier()
     chunks = [(s, min(len(pairs), s + CHUNK_PAIRS)) for s in range(0, len(pairs), CHUNK_PAIRS)]
-    mine = [c for i, c in enumerate(chunks) if i % env.world_size == env.rank]
-    todo = [c for c in mine if not _chunk_path(root, fingerprint, *c).exists()]
-    log.info(
-        "rank %d: reference log-probs of %d pairs, %d of its %d chunks to compute (in %s)",
-        env.rank,
-        len(pairs),
-        len(todo),
-        len(mine),
-        root,
-    )
+    todo = [c for c in chunks if not _chunk_path(root, fingerprint, *c).exists()]
+    if env.is_main:
+        log.info(
+            "reference log-probs of %d pairs: %d of %d chunks to compute (in %s)",
+            len(pairs),
+            len(todo),
+            len(chunks),
+            root,
+        )
     bar = progress() if env.is_main else None
     if bar is not None:
         bar.start()
         task = bar.add_task("reference log-probs", total=sum(e - s for s, e in todo))
     for start, end in todo:
-        out = np.zeros((end - start, 2), dtype=np.float64)
-        for mb_start in range(start, end, micro_pairs):
+        # Every rank takes every world_size-th micro-batch of the chunk, and all run the
+        # same number of forward passes (a rank short of one repeats its last): a ZeRO-3
+        # reference's forward is a collective of every rank.
+        starts = list(range(start, end, micro_pairs))
+        mine = starts[env.rank :: env.world_size]
+        rounds = -(-len(starts) // env.world_size)
+        part = np.full((end - start, 2), np.nan, dtype=np.float64)
+        for i in range(rounds):
+            mb_start = mine[min(i, len(mine) - 1)] if mine else starts[-1]
             indices = list(range(mb_start, min(end, mb_start + micro_pairs)))
             batch = make_batch(indices).to(device)
             sums = sequence_logps(model, batch, chunk_mb=chunk_mb, device=device, dtype=dtype)
-            out[mb_start - start : mb_start - start + len(indices)] = (
-                sums.view(-1, 2).double().cpu().numpy()
-            )
-            if bar is not None:
-                bar.update(task, advance=len(indices))
-        with atomic_path(_chunk_path(root, fingerprint, start, end)) as tmp:
-            np.save(tmp, out)  # the name ends in .npy, so np.save keeps it
+            if i < len(mine):
+                part[mb_start - start : mb_start - start + len(indices)] = (
+                    sums.view(-1, 2).double().cpu().numpy()
+                )
+                if bar is not None:
+                    bar.update(task, advance=len(indices) * env.world_size)
+        rank_file = _chunk_path(root, fingerprint, start, end).with_suffix(f".rank{env.rank}.npy")
+        with atomic_path(rank_file) as tmp:
+            np.save(tmp, part)
+        barrier()
+        if env.is_main:
+            ranks = [
+                np.load(_chunk_path(root, fingerprint, start, end).with_suffix(f".rank{r}.npy"))
+                for r in range(env.world_size)
+            ]
+            merged = np.where(np.isnan(ranks[0]), 0.0, ranks[0])
+            for other in ranks[1:]:
+                merged = np.where(np.isnan(other), merged, other)
+            with atomic_path(_chunk_path(root, fingerprint, start, end)) as tmp:
+                np.save(tmp, merged)  # the name ends in .npy, so np.save keeps it
+            for r in range(env.world_size):
+                _chunk_path(root, fingerprint, start, end).with_suffix(f".rank{r}.npy").unlink()
+        barrier()
     if bar is not None:
         bar.stop()
     barrier()

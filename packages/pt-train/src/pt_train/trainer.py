@@ -157,6 +157,7 @@ class Trainer:
             check_same_tokenizer(self.tokenizer, frozen.path, what)
         if self.objective.reference != "none" and not (frozen and frozen.precompute):
             self.reference = self._load_reference()
+        self._write_run_dir()
         self._build_engine()
 
         self.step = 0
@@ -193,7 +194,7 @@ class Trainer:
     # ------------------------------------------------------------------ set-up
 
     def _prepare_run_dir(self, force_resume: bool) -> None:
-        """Refuse to resume a run whose arithmetic changed; freeze the config (rank 0)."""
+        """Refuse to resume a run whose arithmetic (or data) changed; writes nothing."""
         frozen = self.run_dir / "config.yaml"
         data = self.cfg.data
         if data.path is not None:
@@ -218,13 +219,18 @@ class Trainer:
                 log.warning("resuming with changed keys (forced): %s", ", ".join(changed))
             if fingerprint is not None:
                 check_data_fingerprint(self.run_dir, fingerprint, force_resume=force_resume)
+        self._fingerprint = fingerprint
+
+    def _write_run_dir(self) -> None:
+        """Create the run directory and freeze the config (rank 0), once the data loaded:
+        bad data leaves nothing behind."""
         barrier()
         if self.env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ckpt.remove_stale_temporaries(self.run_dir)
             freeze_config(self.cfg, self.run_dir)
-            if fingerprint is not None:
-                write_data_fingerprint(self.run_dir, fingerprint)
+            if self._fingerprint is not None:
+                write_data_fingerprint(self.run_dir, self._fingerprint)
         barrier()
 
     @property

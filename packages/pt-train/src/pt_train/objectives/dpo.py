@@ -45,7 +45,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pt_core.config import Section
 from pt_train.objectives.base import LossOutput, Objective, mean_metric, segment_sum
@@ -61,16 +61,22 @@ LENGTH_NORMALISED = ("ipo", "simpo")
 class DPOConfig(Section):
     name: Literal["dpo"] = "dpo"
     beta: float = Field(0.1, gt=0)
-    loss_type: LossType | list[LossType] = "sigmoid"
+    # one loss type, or several mixed by loss_weights (a string is read as a list of one)
+    loss_type: list[LossType] = Field(default_factory=lambda: ["sigmoid"])
     loss_weights: list[float] | None = None
     label_smoothing: float = Field(0.0, ge=0, lt=0.5)
     rpo_alpha: float | None = Field(None, ge=0)
     simpo_gamma: float = 0.5
     reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
 
+    @field_validator("loss_type", mode="before")
+    @classmethod
+    def _one_or_many(cls, value):
+        return [value] if isinstance(value, str) else value
+
     @property
     def loss_types(self) -> list[str]:
-        return [self.loss_type] if isinstance(self.loss_type, str) else list(self.loss_type)
+        return list(self.loss_type)
 
     @property
     def weights(self) -> list[float]:
