@@ -621,7 +621,7 @@ def write_jsonl(path: Path, rows) -> None:
 
 def work_dir(dry_run: bool) -> Path:
     """Runs go to /dev/shm on a GPU machine that has room there (the full checkpoint a
-    1.5B run writes at its end is about 21 GB), else to the temporary directory."""
+    1.5B run writes at its end is about 22 GB), else to the temporary directory."""
     shm = Path("/dev/shm")
     if not dry_run and shm.is_dir() and shutil.disk_usage(shm).free > 48 * 2**30:
         return Path(tempfile.mkdtemp(prefix="pt-gpu-check-", dir=shm))
