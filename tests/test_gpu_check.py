@@ -1,0 +1,164 @@
+"""bench/gpu_check.sh, the GPU check of pt-train: its parameter count is the models', and
+its dry run (the same sequence on this CPU, tiny shapes) runs every check and writes the
+figures it prints; a spent budget skips the checks and still writes them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "gpu_check.sh"
+
+
+def _load_gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = _load_gpu_check()
+SFT_CHECKS = ["sft-0.5b-zero2", "sft-0.5b-zero0", "sft-1.5b-zero2", "sft-1.5b-zero0"]
+ORDER = [
+    "setup",
+    *SFT_CHECKS,
+    "dft-0.5b",
+    "dpo-0.5b",
+    "opd-0.5b",
+    "grpo-0.5b",
+    "rollout-per-sample",
+    "rollout-engine",
+    "sft-0.5b-plain-fp32",
+    "sft-0.5b-flash-attn",
+    "vllm",
+]
+
+
+@pytest.mark.parametrize("shape", [gpu_check.QWEN_05B, gpu_check.QWEN_15B, gpu_check.TINY_A])
+def test_the_mfu_parameter_count_is_the_models_own(shape):
+    """6 x N x tokens/s needs N of the model that trains: build that Llama (tied
+    embeddings, Qwen's vocabulary) on the meta device and count its weights; for the 0.5B
+    shape that is Qwen2.5-0.5B's 494,032,768 less its q/k/v biases (24 x (896 + 2 x 128))."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=gpu_check.QWEN_VOCAB,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        tie_word_embeddings=True,
+    )
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    counted = sum(p.numel() for p in model.parameters())  # a tied weight is listed once
+    assert shape.parameters(gpu_check.QWEN_VOCAB) == counted
+    if shape is gpu_check.QWEN_05B:
+        assert counted == 494_032_768 - 24 * (896 + 2 * 128)
+
+
+def _run(args: list[str], out: Path, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "OUT": str(out), **env},
+        timeout=1700,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_dry_run_runs_every_check_and_writes_what_it_prints(tmp_path):
+    proc = _run(["bash", str(SCRIPT), "--dry-run"], tmp_path, PYTHON=sys.executable)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    checks = {c["name"]: c for c in result["checks"]}
+    assert result["mode"] == "dry-run" and [c["name"] for c in result["checks"]] == ORDER
+    # one line per check on stdout, in the same order
+    assert [line.split()[0] for line in proc.stdout.splitlines()] == ORDER
+    skipped = {name for name, c in checks.items() if c["status"] == "skipped"}
+    assert skipped == {"sft-0.5b-flash-attn", "vllm"}, proc.stdout
+    assert "vLLM does not fit" in checks["vllm"]["reason"]
+    assert all(c["status"] == "ok" for n, c in checks.items() if n not in skipped)
+
+    plan = gpu_check.DRY_PLAN
+    for name in [*SFT_CHECKS, "dft-0.5b", "sft-0.5b-plain-fp32"]:
+        c = checks[name]
+        # what was trained: the plan's shape, its tokens per step, its number of steps
+        shape = plan.large if "1.5b" in name else plan.small
+        assert c["parameters"] == shape.parameters(plan.vocab)
+        assert c["tokens_per_step"] == plan.rows * plan.seq
+        assert c["steps"] == (plan.steps if name in SFT_CHECKS else plan.short_steps)
+        assert c["tokens_per_s"] > 0 and c["peak_memory_gb"] > 0
+        assert c["mfu"] == pytest.approx(6 * c["parameters"] * c["tokens_per_s"] / 790e12)
+    for name in SFT_CHECKS:
+        # random initial weights give near-uniform next-token probabilities: the first
+        # loss is close to ln(vocabulary)
+        assert checks[name]["loss_first"] == pytest.approx(math.log(plan.vocab), abs=0.25)
+    assert checks["sft-0.5b-zero2"]["engine"] == "DeepSpeed ZeRO-2"
+    assert checks["sft-0.5b-plain-fp32"]["engine"] == "plain"
+    for name in ("opd-0.5b", "grpo-0.5b"):
+        # one round, one update, sampled by the HF engine in the trainer
+        assert checks[name]["steps"] == 1 and checks[name]["generate_s"] >= 0
+        assert checks[name]["completion_tokens_mean"] <= plan.online_tokens
+    for seeding in ("per-sample", "engine"):
+        c = checks[f"rollout-{seeding}"]
+        assert c["rows"] == plan.rollout_prompts * plan.rollout_n and c["tokens_per_s"] > 0
+        assert 0 < c["completion_tokens"] <= c["rows"] * plan.rollout_tokens
+    assert "===== sft-0.5b-zero2" in (tmp_path / "gpu_check.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_spent_budget_skips_the_checks_and_still_writes_the_figures(tmp_path):
+    """With 1 s for everything, the environment and the set-up still run (everything
+    depends on them); each training check is skipped for the budget, and the checks that
+    start from a trained 0.5B model for the lack of one; the JSON says so."""
+    proc = _run(
+        [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--dry-run", "--budget-s", "1",
+         "--out", str(tmp_path)],
+        tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [c["name"] for c in result["checks"]] == ORDER
+    assert result["checks"][0]["status"] == "ok"
+    reasons = {c["name"]: c.get("reason", "") for c in result["checks"]}
+    for name in [*SFT_CHECKS, "dft-0.5b", "sft-0.5b-plain-fp32"]:
+        assert reasons[name].startswith("the time budget is spent"), name
+    for name in ["dpo-0.5b", "opd-0.5b", "grpo-0.5b", "rollout-per-sample", "rollout-engine"]:
+        assert reasons[name] == "no 0.5B model was trained before it", name
+    assert all(c["status"] == "skipped" for c in result["checks"][1:])
+
+
+@pytest.mark.slow
+def test_without_a_gpu_the_gpu_mode_stops_and_says_why(tmp_path):
+    proc = _run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--out", str(tmp_path)],
+                tmp_path)  # fmt: skip
+    assert proc.returncode == 1
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert result["mode"] == "gpu" and result["environment"]["devices"]["kind"] == "cpu"
+    assert result["checks"] == [
+        {"name": "setup", "status": "failed",
+         "reason": "no CUDA device is visible; on a CPU, run it with --dry-run"}
+    ]  # fmt: skip
+    assert proc.stdout.split() == ["setup", "failed", *result["checks"][0]["reason"].split()]
+
+
+def test_the_scripts_pass_shellcheck():
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
+    scripts = [SCRIPT, REPO / "bench" / "gpu_wheels.sh"]
+    check = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
