@@ -148,6 +148,32 @@ def test_lora_is_off_unless_configured(tmp_path, tiny_tokenizer_dir):
     assert type(defaults)(target_modules="all-linear").target_modules == ["all-linear"]
 
 
+@pytest.mark.parametrize(
+    ("targets", "tied", "message"),
+    [
+        (["embed_tokens"], False, "matches model.embed_tokens, of type Embedding"),
+        (["lm_head"], True, "matches lm_head, whose weight is tied to the input embeddings"),
+        (["qkv_proj"], False, "matches no layer of LlamaForCausalLM"),
+    ],
+)
+def test_adapters_go_on_untied_linear_layers_only(tiny_tokenizer, targets, tied, message):
+    """An adapter on an embedding is not merged by pt-train, and a merged LM head tied to
+    the embeddings would change them too: both are refused, as are names matching
+    nothing; the hint lists the model's linear layers."""
+    from pt_train.config import LoraSection
+    from pt_train.lora import apply_lora
+    from pt_train.model import build_llama
+
+    model = build_llama(tiny_tokenizer, hidden_size=128, num_layers=1, tie_word_embeddings=tied)
+    with pytest.raises(ConfigError) as err:
+        apply_lora(model, LoraSection(target_modules=targets), seed=0)
+    assert message in str(err.value)
+    if not tied:
+        assert "q_proj" in err.value.hint and "default" not in err.value.hint
+    untied = build_llama(tiny_tokenizer, hidden_size=128, num_layers=1)
+    assert apply_lora(untied, LoraSection(target_modules=["lm_head"]), seed=0) is not None
+
+
 # --------------------------------------------------------------------------- training
 
 
@@ -304,10 +330,6 @@ def pt_train(*args, **kwargs):
         ),
         ("model.lora.r=0", "model.lora.r"),
         ("model.lora.target_modules=[]", "model.lora.target_modules"),
-        (
-            "model.lora.target_modules=[embed_tokens]",
-            "matches model.embed_tokens, of type Embedding",
-        ),
     ],
 )
 def test_bad_lora_config_exits_2_with_one_error_line(

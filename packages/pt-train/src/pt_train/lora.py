@@ -66,6 +66,8 @@ def apply_lora(model, lora_cfg, *, seed: int):
         torch.manual_seed(seed)
         # peft asks the model about gradient checkpointing by a name transformers deprecates
         warnings.filterwarnings("ignore", category=FutureWarning, message=".*checkpointing")
+        # an adapter on a tied LM head is refused below, with its reason
+        warnings.filterwarnings("ignore", category=UserWarning, message=".*tie_word_embeddings")
         try:
             peft_model = get_peft_model(model, config)
         except NoMatchingPeftModuleError:
@@ -78,7 +80,7 @@ def apply_lora(model, lora_cfg, *, seed: int):
                 f"model.lora.target_modules={targets!r}: {_first_line(exc)}",
                 hint=f"name linear layers of {type(model).__name__}: {', '.join(names)}",
             ) from None
-    _check_targets(peft_model, targets)
+    _check_targets(peft_model, targets, names)
     trained = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
     log.info(
@@ -108,7 +110,7 @@ def linear_names(model) -> list[str]:
     )
 
 
-def _check_targets(peft_model, targets) -> None:
+def _check_targets(peft_model, targets, names: list[str]) -> None:
     """Adapters only on linear layers, and not on an LM head tied to the input embeddings
     (the merged head would no longer equal the embeddings the checkpoint ties it to)."""
     embeddings = peft_model.get_input_embeddings().weight
@@ -118,7 +120,7 @@ def _check_targets(peft_model, targets) -> None:
             raise ConfigError(
                 f"model.lora.target_modules={targets!r} matches {name}, of type "
                 f"{type(base).__name__}; pt-train puts adapters on linear layers only",
-                hint=f"name linear layers: {', '.join(linear_names(peft_model.get_base_model()))}",
+                hint=f"name linear layers: {', '.join(names)}",
             )
         if base.weight is embeddings:
             raise ConfigError(
