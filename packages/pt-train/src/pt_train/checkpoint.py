@@ -8,6 +8,10 @@ Full checkpoint layout::
     checkpoints/step-N/trainer_state.json   step, counters, config hash
     checkpoints/latest                   "step-N", written last
 
+A LoRA run's full checkpoint holds the adapters, not the frozen base (pt_train.engine);
+its inference checkpoint holds the merged weights, and the adapter in ``adapter/``
+(pt_train.lora).
+
 Everything is written under ``checkpoints/.tmp-step-N`` and renamed into place
 once every rank has finished; ``latest`` is replaced atomically only after
 that. A crash or ``kill -9`` mid-save leaves a ``.tmp-*`` directory that the
@@ -29,6 +33,7 @@ from pt_core.files import atomic_path, atomic_write_json, atomic_write_text
 from pt_core.log import get_logger
 from pt_train.distributed import DistEnv, barrier
 from pt_train.engine import load_engine, save_engine
+from pt_train.lora import hf_model, is_lora, merged_state_dict, save_adapter
 
 log = get_logger(__name__)
 
@@ -132,14 +137,21 @@ def load_full(engine, path: Path, env: DistEnv, zero_stage: int) -> dict:
     return json.loads((path / "trainer_state.json").read_text())
 
 
-def gathered_state_dict(engine, zero_stage: int) -> dict | None:
-    """The full model state dict on rank 0 (None elsewhere); ZeRO-3 partitions are gathered."""
+def gathered_state_dict(engine, zero_stage: int, *, merged: bool = True) -> dict | None:
+    """The full model state dict on rank 0 (None elsewhere); ZeRO-3 partitions are gathered.
+    A LoRA model's is its merged weights under the base model's names (``merged``), or
+    peft's own state dict, base and adapters apart."""
     if zero_stage == 3:
         state = engine._zero3_consolidated_16bit_state_dict()
-        return state if torch.distributed.get_rank() == 0 else None
-    if torch.distributed.get_rank() != 0:
+        if torch.distributed.get_rank() != 0:
+            return None
+    elif torch.distributed.get_rank() != 0:
         return None
-    return {k: v.detach().cpu() for k, v in engine.module.state_dict().items()}
+    else:
+        state = {k: v.detach().cpu() for k, v in engine.module.state_dict().items()}
+    if merged and is_lora(engine.module):
+        state = merged_state_dict(engine.module, state)
+    return state
 
 
 def save_inference(
@@ -147,7 +159,7 @@ def save_inference(
 ) -> Path:
     """Write ``inference/step-N`` from the engine's model (all ranks call this)."""
     final = Path(run_dir) / "inference" / f"step-{step}"
-    state = gathered_state_dict(engine, zero_stage)
+    state = gathered_state_dict(engine, zero_stage, merged=False)
     if env.is_main:
         write_inference_checkpoint(engine.module, tokenizer, final, step=step, state_dict=state)
     barrier()
@@ -159,18 +171,31 @@ def write_inference_checkpoint(
 ) -> Path:
     """The one writer of inference checkpoints: safetensors weights, config (KV cache on),
     tokenizer, generation config and ``pt_train.json``, written to a temporary directory
-    and renamed into place."""
+    and renamed into place. A LoRA model (a peft model; ``state_dict``, if given, its own)
+    is written merged, with its adapter in ``adapter/``."""
     with atomic_path(path) as tmp:
         tmp.mkdir()
-        # Training turns the KV cache off; generation wants it on.
-        was = model.config.use_cache
-        model.config.use_cache = True
-        try:
-            model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
-        finally:
-            model.config.use_cache = was
+        if is_lora(model):
+            peft_state = state_dict if state_dict is not None else model.state_dict()
+            save_adapter(model, tmp / "adapter", peft_state)
+            state_dict = merged_state_dict(model, peft_state)
+        save_model_weights(model, tmp, state_dict)
         tokenizer.save_pretrained(str(tmp))
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(str(tmp))
         atomic_write_json(tmp / "pt_train.json", {"step": step})
     return Path(path)
+
+
+def save_model_weights(model, directory: Path, state_dict: dict | None = None) -> None:
+    """``model``'s config (KV cache on) and weights (``state_dict``, or its own) as
+    safetensors in ``directory``, loadable by HF and vLLM; a peft model is saved as the
+    Hugging Face model under it (give its merged state dict)."""
+    model = hf_model(model)
+    # Training turns the KV cache off; generation wants it on.
+    was = model.config.use_cache
+    model.config.use_cache = True
+    try:
+        model.save_pretrained(str(directory), state_dict=state_dict, safe_serialization=True)
+    finally:
+        model.config.use_cache = was

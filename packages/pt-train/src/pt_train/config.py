@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pt_core.config import Section, load_config
 from pt_core.errors import ConfigError
@@ -47,6 +47,29 @@ class ModelInit(Section):
     vocab_size: int | None = Field(None, gt=0)
 
 
+class LoraSection(Section):
+    """LoRA adapters (Hu et al. 2021, arXiv:2106.09685) on the policy, with peft: only the
+    adapters train, the base weights stay frozen (see :mod:`pt_train.lora`)."""
+
+    r: int = Field(16, gt=0)  # rank of each adapter
+    alpha: float = Field(32.0, gt=0)  # the update is scaled by alpha / r
+    dropout: float = Field(0.0, ge=0, lt=1)  # on the adapters' input, while training
+    # Names (or name suffixes) of the linear layers that get an adapter; "all-linear": every
+    # linear layer but the LM head.
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
+    )
+    # The frozen reference of DPO / ASFT / GRPO when objective.reference.path is unset:
+    # adapters_off runs the policy with its adapters disabled (the starting weights, no
+    # second model in memory); copy loads a second, frozen model.
+    reference: Literal["adapters_off", "copy"] = "adapters_off"
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _one_name_is_a_list(cls, value):
+        return [value] if isinstance(value, str) else value
+
+
 class ModelConfig(Section):
     name_or_path: str | None = None
     init: ModelInit | None = None
@@ -56,6 +79,8 @@ class ModelConfig(Section):
     # Memory-lean SwiGLU MLP and RMSNorm for Llama/Mistral/Qwen2/Qwen3 (pt_train.fused);
     # not applied under ZeRO-3.
     fused_ops: bool = True
+    # LoRA adapters; None: the whole model trains.
+    lora: LoraSection | None = None
 
     @model_validator(mode="after")
     def _one_source(self):

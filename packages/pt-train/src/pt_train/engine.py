@@ -9,7 +9,9 @@ communication op it compiles on first use. ``deepspeed.engine: deepspeed`` keeps
 DeepSpeed in every case.
 
 Both write a stage-0 checkpoint a run can resume from with either engine, so a
-run may change its number of processes between restarts.
+run may change its number of processes between restarts. Frozen parameters (the base
+model of a LoRA run, :mod:`pt_train.lora`) are not saved: a resumed run has them already,
+loaded again from the model's source.
 """
 
 from __future__ import annotations
@@ -72,14 +74,31 @@ class PlainEngine:
         return None  # stage 0: the trainer clips and reports the norm itself
 
 
+def frozen_names(module: torch.nn.Module) -> set[str]:
+    return {name for name, p in module.named_parameters() if not p.requires_grad}
+
+
+def saved_module_state(module: torch.nn.Module) -> dict:
+    """The module's state dict without its frozen parameters."""
+    frozen = frozen_names(module)
+    return {k: v for k, v in module.state_dict().items() if k not in frozen}
+
+
 def save_engine(engine, directory: Path) -> None:
-    """Write the model and optimizer state into ``directory`` (a checkpoint being built)."""
+    """Write the model (its trained parameters) and optimizer state into ``directory`` (a
+    checkpoint being built)."""
     if isinstance(engine, PlainEngine):
         (directory / PLAIN_TAG).mkdir()
-        state = {"module": engine.module.state_dict(), "optimizer": engine.optimizer.state_dict()}
+        state = {
+            "module": saved_module_state(engine.module),
+            "optimizer": engine.optimizer.state_dict(),
+        }
         torch.save(state, directory / PLAIN_TAG / PLAIN_FILE)
     else:
-        engine.save_checkpoint(str(directory), tag=DS_TAG, save_latest=False)
+        frozen = bool(frozen_names(engine.module))
+        engine.save_checkpoint(
+            str(directory), tag=DS_TAG, save_latest=False, exclude_frozen_parameters=frozen
+        )
 
 
 def load_engine(engine, directory: Path, zero_stage: int) -> None:
@@ -92,9 +111,14 @@ def load_engine(engine, directory: Path, zero_stage: int) -> None:
     ds_dir = directory / DS_TAG
     if not plain.exists() and not ds_dir.exists():
         raise InputError(f"{directory} holds no model state (neither {PLAIN_TAG}/ nor {DS_TAG}/)")
+    frozen = frozen_names(engine.module)
     if not plain.exists() and not isinstance(engine, PlainEngine):
         loaded, _ = engine.load_checkpoint(
-            str(directory), tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+            str(directory),
+            tag=DS_TAG,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=False,
+            load_module_strict=not frozen,
         )
         if loaded is None:
             raise InputError(f"DeepSpeed could not load the checkpoint in {directory}")
@@ -118,5 +142,13 @@ def load_engine(engine, directory: Path, zero_stage: int) -> None:
                 "process at stage 0 cannot resume it",
                 hint="resume with the run's deepspeed.zero_stage, or with deepspeed.engine=deepspeed",
             )
-    engine.module.load_state_dict(state["module"])
+    missing, unexpected = engine.module.load_state_dict(state["module"], strict=False)
+    if unexpected or set(missing) - frozen:
+        raise InputError(
+            f"{directory} holds the weights of another model: "
+            f"{len(set(missing) - frozen)} of this model's trained parameters missing "
+            f"(e.g. {sorted(set(missing) - frozen)[:1]}), {len(unexpected)} unknown "
+            f"(e.g. {unexpected[:1]})",
+            hint="resume with the model (and model.lora) the run was started with",
+        )
     engine.optimizer.load_state_dict(state["optimizer"])

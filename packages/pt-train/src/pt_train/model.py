@@ -107,10 +107,12 @@ def check_same_tokenizer(tokenizer, other_path: str, what: str) -> None:
             )
 
 
-def load_model(model_cfg, tokenizer, *, dtype, seed: int, fused_ops: bool = False):
+def load_model(model_cfg, tokenizer, *, dtype, seed: int, fused_ops: bool = False, lora=None):
     """The model of ``model_cfg`` (a ``pt_train.config.ModelConfig``): pretrained weights
     from ``name_or_path``, or random weights from ``init`` seeded with ``seed``; with
-    ``fused_ops``, the memory-lean MLP and RMSNorm of :mod:`pt_train.fused` for training."""
+    ``fused_ops``, the memory-lean MLP and RMSNorm of :mod:`pt_train.fused` for training;
+    with ``lora`` (a ``LoraSection``), wrapped in peft's LoRA adapters (:mod:`pt_train.lora`),
+    the base frozen."""
     from transformers import AutoModelForCausalLM
 
     from pt_core.errors import ConfigError
@@ -158,6 +160,12 @@ def load_model(model_cfg, tokenizer, *, dtype, seed: int, fused_ops: bool = Fals
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+    if lora is not None:
+        from pt_train.lora import apply_lora
+
+        # Before the fused ops: an MLP whose projections carry adapters must keep its own
+        # forward (the fused one reads the base weights), and fused.py leaves it alone.
+        model = apply_lora(model, lora, seed=seed)
     if fused_ops:
         from pt_train.fused import apply_fused_ops
 

@@ -45,6 +45,7 @@ from pt_train.distributed import DistEnv, all_reduce, barrier, init_distributed
 from pt_train.engine import PlainEngine, use_plain_engine
 from pt_train.fingerprint import check_data_fingerprint, data_fingerprint, write_data_fingerprint
 from pt_train.logprobs import HeadRequest, install_token_head, other_model_hidden
+from pt_train.lora import AdaptersOff, hf_model, shares_reference
 from pt_train.metrics import MetricsWriter, peak_flops, peak_memory_gb, training_flops_per_token
 from pt_train.model import load_model, load_tokenizer
 from pt_train.objectives import Objective, build_objective
@@ -155,10 +156,17 @@ class Trainer:
 
             what = "teacher" if self.objective.name == "opd" else "reference"
             check_same_tokenizer(self.tokenizer, frozen.path, what)
-        if self.objective.reference != "none" and not (frozen and frozen.precompute):
+        live_reference = self.objective.reference != "none" and not (frozen and frozen.precompute)
+        # LoRA: the reference is the policy with its adapters off, once the engine holds it.
+        adapters_off = live_reference and shares_reference(cfg.model.lora, frozen)
+        if live_reference and not adapters_off:
             self.reference = self._load_reference()
         self._write_run_dir()
         self._build_engine()
+        if adapters_off:
+            if self.env.is_main:
+                log.info("frozen reference: the policy with its LoRA adapters disabled")
+            self.reference = AdaptersOff(self.engine.module)
 
         self.step = 0
         self.trained_tokens = 0
@@ -278,7 +286,7 @@ class Trainer:
             self.objective,
             self.env,
             self.tokenizer,
-            policy=lambda: self.engine.module,
+            policy=lambda: hf_model(self.engine.module),
             state_dict=state_dict,
             token_logps=token_logps,
         )
@@ -390,6 +398,7 @@ class Trainer:
             dtype=torch.float32,
             seed=cfg.training.seed,
             fused_ops=self.fused_ops,
+            lora=cfg.model.lora,  # LoRA: only the adapters require a gradient
         )
         install_token_head(model)
         decay, no_decay = [], []

@@ -614,14 +614,10 @@ class OnlineProducer(Producer):
         self._push_turn += 1
         if len(self._push_keys) >= 2:  # the push that used this directory must be loaded
             self._generator.wait(self._push_keys.pop(0))
-        model = self.policy()
+        from pt_train.checkpoint import save_model_weights
+
         state = self._gathered if self._gathered is not None else self.state_dict_of_policy()
         for old in target.glob("*.safetensors"):
             old.unlink()
-        was = model.config.use_cache
-        model.config.use_cache = True
-        try:
-            model.save_pretrained(str(target), state_dict=state, safe_serialization=True)
-        finally:
-            model.config.use_cache = was
+        save_model_weights(self.policy(), target, state)
         return target
