@@ -125,7 +125,9 @@ class Evaluator:
             ]
             self._prompts = (rows, ids)
         rows, ids = self._prompts
-        model = trainer.engine.module
+        from pt_train.lora import hf_model
+
+        model = hf_model(trainer.engine.module)  # under LoRA the adapted model, as peft runs it
         if self._engine is None:
             device = next(model.parameters()).device
             self._engine = HFEngine(model, tokenizer=trainer.tokenizer, device=str(device))
