@@ -133,3 +133,68 @@ def test_rollout_batch_lines_token_data_up_with_trained_tokens_packed_or_padded(
         assert batch.data["teacher_token_logps"].tolist() == [-1.0, -2.0, -3.0, -4.0, -5.0]
         assert batch.token_sequence.tolist() == [0, 0, 1, 1, 1]
         assert batch.input_ids.shape[0] == (1 if pack else 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pack", [None, 64])
+def test_every_kl_mode_is_zero_in_training_when_the_teacher_is_the_student(
+    tmp_path, tiny_model_dir, tiny_tokenizer, pack
+):
+    """Rollouts of different lengths scored by the student itself (HF engine, top-8), trained
+    with lr 0 through the real trainer, padded (one row per sequence) or packed into one row:
+    every divergence and the token KL log 0 at step 1 (to float32 rounding), and the
+    single-sample reverse-KL estimate too."""
+    from pt_rollout.engines import Request, SamplingParams
+    from pt_rollout.engines.hf import HFEngine
+    from pt_train.config import TrainConfig
+    from pt_train.metrics import read_metrics
+    from pt_train.producers.fixed import FixedData
+    from pt_train.trainer import train
+
+    engine = HFEngine(str(tiny_model_dir))
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16], [17, 18, 19]]
+    completions = engine.generate(
+        [Request(p, seed=i) for i, p in enumerate(prompts)], SamplingParams(max_tokens=9)
+    )
+    scores = engine.score(prompts, [c.token_ids for c in completions], top_k=8)
+    samples = [
+        RolloutSample(
+            np.array(p),
+            np.array(c.token_ids),
+            {
+                "teacher_token_logps": np.array(s.token_logprobs),
+                "teacher_topk_ids": np.array(s.topk_ids),
+                "teacher_topk_logps": np.array(s.topk_logprobs),
+            },
+        )
+        for p, c, s in zip(prompts, completions, scores, strict=True)
+    ]
+    assert len({len(s.completion) for s in samples}) > 1 or len({len(p) for p in prompts}) > 1
+    for loss in ("forward_kl", "reverse_kl", "skewed_kl", "jsd", "token_kl"):
+        producer = FixedData(
+            samples,
+            lambda idx: rollout_batch(
+                [samples[i] for i in idx], tiny_tokenizer.pad_token_id, "sdpa", pack
+            ),
+            global_batch_size=4, micro_batch_size=4, seed=0, shuffle=False, rank=0,
+            world_size=1,
+        )  # fmt: skip
+        cfg = TrainConfig.model_validate(
+            {
+                "run_name": loss,
+                "output_dir": str(tmp_path),
+                "model": {"name_or_path": str(tiny_model_dir)},
+                "objective": {"name": "opd", "loss": loss},
+                "rollout": {},
+                "training": {
+                    "learning_rate": 0.0,
+                    "global_batch_size": 4,
+                    "micro_batch_size": 4,
+                    "max_steps": 1,
+                },
+            }  # fmt: skip
+        )
+        train(cfg, producer=producer)
+        record = read_metrics(tmp_path / loss)[0]
+        assert abs(record["kl"]) < 1e-5, (loss, record["kl"])
+        assert abs(record["sampled_kl"]) < 1e-5
