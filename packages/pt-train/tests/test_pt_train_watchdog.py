@@ -151,16 +151,16 @@ def test_a_hang_that_holds_the_gil_is_ended_by_faulthandlers_backstop(workdir):
     assert not hang_dumps(workdir / "runs" / "gil")
 
 
-def test_watchdog_keys_are_validated_and_free_on_resume(workdir):
+def test_watchdog_and_async_save_keys_are_validated_and_free_on_resume(workdir):
     path = workdir / "train.yaml"
-    cfg = load_train_config(path, ["training.watchdog_minutes=2.5"])
-    assert cfg.training.watchdog_minutes == 2.5
+    cfg = load_train_config(path, ["training.watchdog_minutes=2.5", "training.async_save=true"])
+    assert cfg.training.watchdog_minutes == 2.5 and cfg.training.async_save is True
     assert load_train_config(path).training.watchdog_minutes is None  # off by default
     for bad in ("training.watchdog_minutes=0", "training.watchdog_first_step_minutes=-1"):
         with pytest.raises(ConfigError, match=bad.split("=")[0].split(".")[1]):
             load_train_config(path, [bad])
-    old = {"training": {"watchdog_minutes": None, "seed": 0}}
-    new = {"training": {"watchdog_minutes": 5, "seed": 0}}
+    old = {"training": {"watchdog_minutes": None, "async_save": False, "seed": 0}}
+    new = {"training": {"watchdog_minutes": 5, "async_save": True, "seed": 0}}
     assert changed_keys(old, new) == []  # a resume may turn them on or off
 
 

@@ -72,12 +72,15 @@ class PlainEngine:
         return None  # stage 0: the trainer clips and reports the norm itself
 
 
-def save_engine(engine, directory: Path) -> None:
-    """Write the model and optimizer state into ``directory`` (a checkpoint being built)."""
+def save_engine(engine, directory: Path, write=None) -> None:
+    """Write the model and optimizer state into ``directory`` (a checkpoint being built).
+
+    ``write(obj, path)`` stores the plain engine's file (default :func:`torch.save`;
+    :mod:`pt_train.checkpoint` passes one that writes in the background)."""
     if isinstance(engine, PlainEngine):
         (directory / PLAIN_TAG).mkdir()
         state = {"module": engine.module.state_dict(), "optimizer": engine.optimizer.state_dict()}
-        torch.save(state, directory / PLAIN_TAG / PLAIN_FILE)
+        (write or torch.save)(state, directory / PLAIN_TAG / PLAIN_FILE)
     else:
         engine.save_checkpoint(str(directory), tag=DS_TAG, save_latest=False)
 

@@ -154,6 +154,12 @@ class Trainer:
         if self.objective.reference != "none" and not (frozen and frozen.precompute):
             self.reference = self._load_reference()
         self._build_engine()
+        # resilience: full checkpoints written in the background (training.async_save)
+        self.background = (
+            ckpt.background_saver(self.engine, self.env, self.run_dir)
+            if cfg.training.async_save
+            else None
+        )
 
         self.step = 0
         self.trained_tokens = 0
@@ -547,6 +553,7 @@ class Trainer:
             self.trainer_state(),
             self.env,
             self.cfg.training.save_total_limit,
+            background=self.background,
         )
 
     def save_inference(self) -> Path:
@@ -611,6 +618,8 @@ class Trainer:
                 watchdog.beat(self.step)
                 if stopped:
                     break
+        if self.background is not None:
+            self.background.finish()  # the last checkpoint is complete before we return
         self.metrics.close()
         if stopped:
             if self.env.is_main:

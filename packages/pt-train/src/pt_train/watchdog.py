@@ -174,9 +174,9 @@ class TestStall:
     """A test hook: ``PT_TRAIN_TEST_STALL="at=step,rank=1,step=3,seconds=inf"`` makes rank 1
     sleep for ever before optimizer step 3 (0-based: the step that ``step-4`` follows).
 
-    Keys: ``at`` (``step``: before an optimizer step; ``write``: in a background
-    checkpoint write, after its first file, ``step`` then naming the checkpoint's step),
-    ``rank`` and ``step``
+    Keys: ``at`` (``step``: before an optimizer step; ``write``: before a background
+    checkpoint write; ``half_written``: in one, after its first file; ``step`` then names
+    the checkpoint's step), ``rank`` and ``step``
     (a number, or ``all``, the default), ``seconds`` (a number or ``inf``) and ``gil``
     (``1``: sleep in a C call that keeps the GIL, as a stuck extension would). A stall
     happens only while the run directory holds no stack dump of the watchdog, so a run
@@ -193,7 +193,7 @@ class TestStall:
             return
         fields = dict(item.split("=", 1) for item in spec.replace(",", " ").split() if item)
         unknown = set(fields) - {"at", "rank", "step", "seconds", "gil"}
-        if unknown or fields.get("at") not in ("step", "write"):
+        if unknown or fields.get("at") not in ("step", "write", "half_written"):
             raise ConfigError(
                 f"{STALL_VARIABLE}={spec!r} is not a stall: unknown keys "
                 f"{sorted(unknown) or 'none'}, at={fields.get('at')!r}",
