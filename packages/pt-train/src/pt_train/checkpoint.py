@@ -181,6 +181,9 @@ class CheckpointWriteError(RuntimeError):
     """A checkpoint's files could not be written (a full disk, a lost file system)."""
 
 
+WRITER_NICENESS = 10
+
+
 class BackgroundSaver:
     """Writes the files of full checkpoints in a thread of this rank (``training.async_save``).
 
@@ -219,6 +222,11 @@ class BackgroundSaver:
         )
         self._thread.start()
 
+    @property
+    def writing(self) -> bool:
+        """True while a write is in flight on this rank."""
+        return self._thread is not None and self._thread.is_alive()
+
     def wait(self) -> None:
         """Return once the write in flight, if any, is done here (on rank 0: committed)."""
         if self._thread is None:
@@ -246,6 +254,10 @@ class BackgroundSaver:
     def _write(self, files, step: int, tmp: Path, final: Path, keep: int, copy_s: float):
         rank = self.env.rank
         start = time.perf_counter()
+        # Where the cores are busy, the training thread goes first; the write only has to
+        # be done by the next save. (Linux applies a thread id's niceness to that thread.)
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
         try:
             self.stall("write", step)  # test hooks: a write held up before it starts,
             written = 0
