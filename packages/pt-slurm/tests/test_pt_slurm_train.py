@@ -38,10 +38,8 @@ def _rows(n=40, vocab=300):
     return rows
 
 
-@pytest.fixture(scope="module")
-def runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
-    """An unsignalled run and one signalled mid-run, submitted together."""
-    root = tmp_path_factory.mktemp("pt-slurm-train")
+def _write_config(root: Path, tokenizer_dir: Path) -> Path:
+    """The rows and the config (torchrun, one rank per node) the runs of this module share."""
     with open(root / "rows.jsonl", "w") as fh:
         for row in _rows():
             fh.write(json.dumps(row) + "\n")
@@ -50,7 +48,7 @@ def runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
         "output_dir": str(root / "runs"),
         "model": {
             "init": {
-                "tokenizer": str(tiny_tokenizer_dir),
+                "tokenizer": str(tokenizer_dir),
                 "hidden_size": 128,
                 "num_layers": 2,
                 "num_heads": 2,
@@ -72,7 +70,13 @@ def runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
     }
     path = root / "train.yaml"
     path.write_text(yaml.safe_dump(config))
+    return path
 
+
+@pytest.fixture(scope="module")
+def runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
+    """An unsignalled run and one signalled mid-run, submitted together."""
+    path = _write_config(tmp_path_factory.mktemp("pt-slurm-train"), tiny_tokenizer_dir)
     jobs = {}
     for name in ("reference", "signalled"):
         proc = subprocess.run(
@@ -114,8 +118,10 @@ def _state(run_dir: Path) -> dict:
     return read_state(run_dir)
 
 
-def _weights(run_dir: Path, step: int = STEPS) -> dict:
-    return safetensors_numpy.load_file(run_dir / "inference" / f"step-{step}" / "model.safetensors")
+def _weights(run_dir: Path) -> dict:
+    return safetensors_numpy.load_file(
+        run_dir / "inference" / f"step-{STEPS}" / "model.safetensors"
+    )
 
 
 def test_submitted_run_completes_with_config_script_logs_and_inference_checkpoint(
@@ -193,38 +199,7 @@ def hang_runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
     ever before step 16 on its first attempt (the PT_TRAIN_TEST_STALL test hook, which
     stalls only while the run dir holds no stack dump), with the watchdog on (30 s) and
     checkpoints written in the background."""
-    root = tmp_path_factory.mktemp("pt-slurm-hang")
-    with open(root / "rows.jsonl", "w") as fh:
-        for row in _rows():
-            fh.write(json.dumps(row) + "\n")
-    config = {
-        "run_name": "unhung",
-        "output_dir": str(root / "runs"),
-        "model": {
-            "init": {
-                "tokenizer": str(tiny_tokenizer_dir),
-                "hidden_size": 128,
-                "num_layers": 2,
-                "num_heads": 2,
-            }
-        },
-        "data": {"path": str(root / "rows.jsonl")},
-        "training": {
-            "learning_rate": 2e-3,
-            "global_batch_size": 4,
-            "micro_batch_size": 1,
-            "max_steps": 30,
-            "save_steps": 10,
-        },
-        "slurm": {
-            "launcher": "torchrun",
-            "procs_per_node": 2,
-            "signal_seconds": 60,
-            "env": {"OMP_NUM_THREADS": 1, "DS_ACCELERATOR": "cpu"},
-        },
-    }
-    path = root / "train.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = _write_config(tmp_path_factory.mktemp("pt-slurm-hang"), tiny_tokenizer_dir)
     stall = f"at=step,rank=1,step={HANG_AT},seconds=inf"
     jobs = {}
     for name, extra in (
@@ -239,7 +214,15 @@ def hang_runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
         ),
     ):
         proc = subprocess.run(
-            [PT_SLURM, "submit", path, f"run_name={name}", f"slurm.job_name=pt-{name}", *extra],
+            [
+                PT_SLURM,
+                "submit",
+                path,
+                f"run_name={name}",
+                f"slurm.job_name=pt-{name}",
+                "slurm.procs_per_node=2",
+                *extra,
+            ],
             capture_output=True,
             text=True,
         )
@@ -286,6 +269,6 @@ def test_a_hung_rank_ends_in_stack_dumps_and_a_retry_that_ends_with_the_unhung_w
     reference = Path(hang_runs["unhung"]["path"])
     assert _state(reference)["status"] == "completed"
     assert [m["loss"] for m in _metrics(run_dir)] == [m["loss"] for m in _metrics(reference)]
-    ref, got = _weights(reference, 30), _weights(run_dir, 30)
+    ref, got = _weights(reference), _weights(run_dir)
     assert ref.keys() == got.keys()
     assert all((ref[k] == got[k]).all() for k in ref), "weights differ from the unhung run"

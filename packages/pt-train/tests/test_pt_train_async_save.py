@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -137,33 +134,6 @@ def test_a_background_save_writes_the_bytes_of_a_synchronous_one(
 # ---------------------------------------------------------------- pt-train run
 
 
-class Run:
-    """``pt-train run`` of the module's config as run ``name``, in the background; its
-    stderr goes to a file (a pipe nobody reads could fill up and stop it)."""
-
-    def __init__(self, workdir: Path, name: str, *overrides: str, stall: str | None = None):
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        env.pop(STALL_VARIABLE, None)
-        if stall is not None:
-            env[STALL_VARIABLE] = stall
-        self.run_dir = workdir / "runs" / name
-        self.log = workdir / f"{name}-{time.monotonic_ns()}.err"
-        with open(self.log, "w") as err:
-            self.proc = subprocess.Popen(
-                [shutil.which("pt-train", path=os.path.dirname(sys.executable)), "run",
-                 workdir / "train.yaml", f"run_name={name}", *overrides],
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-                env=env,
-            )  # fmt: skip
-
-    def finish(self, timeout: float = 600) -> tuple[int, str, str]:
-        """Wait for the end: (exit code, stdout, stderr with its lines joined)."""
-        out, _ = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, out, " ".join(self.log.read_text().split())
-
-
 def weights(run_dir: Path) -> dict:
     return load_file(run_dir / "inference" / f"step-{STEPS}" / "model.safetensors")
 
@@ -188,21 +158,25 @@ def temporaries(run_dir: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(workdir):
+def reference(workdir, pt_train_run):
     """The run with synchronous saves; the asynchronous ones must end with its weights."""
-    code, out, err = Run(workdir, "sync").finish()
+    code, out, err = pt_train_run(workdir / "train.yaml", "sync").finish()
     assert code == 0, err
     return workdir / "runs" / "sync"
 
 
 @pytest.mark.slow
-def test_training_goes_on_while_a_checkpoint_is_written_and_the_next_save_waits(workdir, reference):
+def test_training_goes_on_while_a_checkpoint_is_written_and_the_next_save_waits(
+    workdir, reference, pt_train_run
+):
     """Every write is held up 3 s before it starts; steps take a fraction of that.
     While step-4 is being written, steps 5 and 6 are trained (`latest` still absent); the
     save at step 8 waits for step-4, so there is never more than one write in flight; when
     the manifest is printed the last checkpoint is complete. The weights are those of the
     synchronous run."""
-    run = Run(workdir, "overlap", "training.async_save=true", stall="at=write,seconds=3")
+    run = pt_train_run(
+        workdir / "train.yaml", "overlap", "training.async_save=true", stall="at=write,seconds=3"
+    )
     at_manifest = []
 
     def read_manifest():
@@ -235,14 +209,16 @@ def test_training_goes_on_while_a_checkpoint_is_written_and_the_next_save_waits(
 
 @pytest.mark.slow
 def test_kill_9_during_a_background_write_resumes_bit_exact_from_the_previous_checkpoint(
-    workdir, reference
+    workdir, reference, pt_train_run
 ):
     """The write of step-8 stops for good after its first file: killed then, the run dir
     holds a half-written .tmp-step-8 and `latest` names step-4; the rerun (no stall)
     resumes from step-4 and ends with the weights and losses of the synchronous run."""
-    run = Run(workdir, "kill9", "training.async_save=true", stall="at=half_written,step=8")
+    run = pt_train_run(
+        workdir / "train.yaml", "kill9", "training.async_save=true", stall="at=half_written,step=8"
+    )
     stalled = f"{STALL_VARIABLE}: rank 0 stalls inf s at half_written 8"
-    while run.proc.poll() is None and stalled not in " ".join(run.log.read_text().split()):
+    while run.proc.poll() is None and stalled not in run.stderr():
         time.sleep(0.01)
     run.proc.send_signal(signal.SIGKILL)
     code, _, err = run.finish(60)
@@ -252,7 +228,9 @@ def test_kill_9_during_a_background_write_resumes_bit_exact_from_the_previous_ch
     assert (ckpts / ".tmp-step-8" / "plain" / "state.pt").exists()  # the half written
     assert not (ckpts / ".tmp-step-8" / "trainer_state.json").exists()
 
-    code, _, err = Run(workdir, "kill9", "training.async_save=true").finish()
+    code, _, err = pt_train_run(
+        workdir / "train.yaml", "kill9", "training.async_save=true"
+    ).finish()
     assert code == 0, err
     assert "from step-4 (step 4)" in err
     assert temporaries(run.run_dir) == []
@@ -261,12 +239,14 @@ def test_kill_9_during_a_background_write_resumes_bit_exact_from_the_previous_ch
 
 
 @pytest.mark.slow
-def test_a_sigterm_stop_waits_for_the_writes_before_exiting_85(workdir, reference):
+def test_a_sigterm_stop_waits_for_the_writes_before_exiting_85(workdir, reference, pt_train_run):
     """SIGTERM while step-4 is being written (each write held up 3 s): the run trains on
     to the end of the current step, saves it (after waiting for step-4), waits for that
     write too, and only then exits 85, with `latest` at the stop's checkpoint and nothing
     half written. The rerun ends bit-exact."""
-    run = Run(workdir, "sigterm", "training.async_save=true", stall="at=write,seconds=3")
+    run = pt_train_run(
+        workdir / "train.yaml", "sigterm", "training.async_save=true", stall="at=write,seconds=3"
+    )
     while run.proc.poll() is None:
         if temporaries(run.run_dir) == [".tmp-step-4"]:
             run.proc.send_signal(signal.SIGTERM)
@@ -280,7 +260,9 @@ def test_a_sigterm_stop_waits_for_the_writes_before_exiting_85(workdir, referenc
     assert temporaries(run.run_dir) == []
     assert f"checkpoint step-{stopped_at} written in the background" in err
 
-    code, _, err = Run(workdir, "sigterm", "training.async_save=true").finish()
+    code, _, err = pt_train_run(
+        workdir / "train.yaml", "sigterm", "training.async_save=true"
+    ).finish()
     assert code == 0, err
     assert losses(run.run_dir) == losses(reference)
     assert same_as(run.run_dir, reference)

@@ -6,11 +6,7 @@ slow first step, and on a hang that holds the GIL."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -58,39 +54,25 @@ def workdir(tmp_path_factory, tiny_tokenizer_dir):
     return root
 
 
-def pt_train_run(workdir: Path, name: str, *overrides: str, stall: str | None = None):
-    """``pt-train run`` of the module's config as run ``name``; (exit code, stderr)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop(STALL_VARIABLE, None)
-    if stall is not None:
-        env[STALL_VARIABLE] = stall
-    bindir = os.path.dirname(sys.executable)
-    proc = subprocess.run(
-        [
-            os.path.join(bindir, "pt-train"),
-            "run",
-            workdir / "train.yaml",
-            f"run_name={name}",
-            *overrides,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    return proc.returncode, proc.stderr
+@pytest.fixture
+def run(workdir, pt_train_run):
+    """``pt-train run`` of the module's config as run NAME, to its end: (exit code, stderr)."""
+
+    def run(name: str, *overrides: str, stall: str | None = None) -> tuple[int, str]:
+        code, _, err = pt_train_run(workdir / "train.yaml", name, *overrides, stall=stall).finish()
+        return code, err
+
+    return run
 
 
-def test_a_hung_rank_makes_every_rank_dump_its_stacks_and_exit_with_the_hang_code(workdir):
+def test_a_hung_rank_makes_every_rank_dump_its_stacks_and_exit_with_the_hang_code(workdir, run):
     """Rank 1 of 2 sleeps before step 3 (0-based), so rank 0 waits for it in the step's
     first all-reduce: neither completes step 4 within the window. Each rank writes its own
     stacks (rank 1's show the stall, rank 0's the collective), and the job exits 86, which
     is not 0 (done), 2 (bad input) or 85 (requeue asked for)."""
     run_dir = workdir / "runs" / "hung"
-    code, err = pt_train_run(
-        workdir, "hung", "launcher.nproc=2", "training.watchdog_minutes=0.1",
-        stall="at=step,rank=1,step=3,seconds=inf",
-    )  # fmt: skip
+    stall = "at=step,rank=1,step=3,seconds=inf"
+    code, err = run("hung", "launcher.nproc=2", "training.watchdog_minutes=0.1", stall=stall)
     assert code == HANG_EXIT_CODE and code not in (0, 2, REQUEUE_EXIT_CODE), err
     dumps = {p.name.split("-")[1]: p.read_text() for p in hang_dumps(run_dir)}
     assert sorted(dumps) == ["0", "1"], dumps.keys()
@@ -109,41 +91,37 @@ def test_a_hung_rank_makes_every_rank_dump_its_stacks_and_exit_with_the_hang_cod
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-2"
 
 
-def test_a_slow_run_that_keeps_stepping_is_not_stopped(workdir):
+def test_a_slow_run_that_keeps_stepping_is_not_stopped(workdir, run):
     """Every step sleeps 3 s: the run takes 6 x 3 = 18 s, twice the 9 s window, but no
     single step comes near it, so the watchdog never fires."""
-    code, err = pt_train_run(
-        workdir, "slow", "training.watchdog_minutes=0.15", stall="at=step,seconds=3"
-    )
+    code, err = run("slow", "training.watchdog_minutes=0.15", stall="at=step,seconds=3")
     assert code == 0, err
     assert err.count(f"{STALL_VARIABLE}: rank 0 stalls 3 s") == STEPS
     assert not hang_dumps(workdir / "runs" / "slow")
 
 
-def test_the_first_step_has_its_own_window(workdir):
+def test_the_first_step_has_its_own_window(workdir, run):
     """A 6 s window, and a first step that sleeps 8 s after the model load: within the
     first-step window (30 min by default) the run finishes; with that window set to the
     6 s of the others, the watchdog fires during the first step."""
     stall = "at=step,step=0,seconds=8"
-    code, err = pt_train_run(workdir, "first-ok", "training.watchdog_minutes=0.1", stall=stall)
+    code, err = run("first-ok", "training.watchdog_minutes=0.1", stall=stall)
     assert code == 0, err
     assert not hang_dumps(workdir / "runs" / "first-ok")
 
-    code, err = pt_train_run(
-        workdir, "first-short", "training.watchdog_minutes=0.1",
-        "training.watchdog_first_step_minutes=0.1", stall=stall,
-    )  # fmt: skip
+    short = ("training.watchdog_minutes=0.1", "training.watchdog_first_step_minutes=0.1")
+    code, err = run("first-short", *short, stall=stall)
     assert code == HANG_EXIT_CODE, err
     (dump,) = hang_dumps(workdir / "runs" / "first-short")
     assert "waited 0.1 min for the first optimizer step of this process" in dump.read_text()
 
 
-def test_a_hang_that_holds_the_gil_is_ended_by_faulthandlers_backstop(workdir):
+def test_a_hang_that_holds_the_gil_is_ended_by_faulthandlers_backstop(workdir, run):
     """The stall sleeps in a C call that keeps the GIL, so the watchdog's Python thread
     cannot run; faulthandler's C thread dumps the stacks to stderr 3 + 10 + 30 s after the
     last step and exits 1 (a failure all the same)."""
-    code, err = pt_train_run(
-        workdir, "gil", "training.watchdog_minutes=0.05", stall="at=step,step=2,seconds=600,gil=1"
+    code, err = run(
+        "gil", "training.watchdog_minutes=0.05", stall="at=step,step=2,seconds=600,gil=1"
     )
     assert code == 1, err
     assert "Timeout (0:00:43)!" in err
