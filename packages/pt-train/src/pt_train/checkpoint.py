@@ -118,7 +118,7 @@ def save_full(
         tmp.mkdir(parents=True)
     barrier()
     write = background.queue if background is not None else _write_now
-    with _deepspeed_writes_through(engine, write if background is not None else None):
+    with _deepspeed_writes_through(engine, background):
         save_engine(engine, tmp, write)
     write(rng_state(), tmp / f"rng-rank{env.rank}.pt")
     if env.is_main:
@@ -142,10 +142,6 @@ def _commit(tmp: Path, final: Path, keep: int) -> None:
     os.replace(tmp, final)
     atomic_write_text(root / LATEST, final.name + "\n")
     _prune(root, keep, protect=final)
-
-
-# write(obj, path, save): store ``obj`` at ``path`` with ``save(obj, path)``.
-Write = Callable[..., None]
 
 
 def _write_now(obj, path: Path, save: Callable = torch.save) -> None:
@@ -333,28 +329,29 @@ def background_saver(engine, env: DistEnv, run_dir: Path) -> BackgroundSaver | N
 
 
 class _RoutedCheckpointEngine:
-    """DeepSpeed's checkpoint engine with its file writes handed to ``write``; DeepSpeed
-    still decides what each file holds, and everything else goes to the engine itself."""
+    """DeepSpeed's checkpoint engine with its file writes handed to a background saver;
+    DeepSpeed still decides what each file holds, and everything else goes to the engine
+    itself."""
 
-    def __init__(self, inner, write: Write):
+    def __init__(self, inner, background: BackgroundSaver):
         self._inner = inner
-        self._write = write
+        self._background = background
 
     def save(self, state_dict, path: str) -> None:
-        self._write(state_dict, Path(path), self._inner.save)
+        self._background.queue(state_dict, Path(path), self._inner.save)
 
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
 
 
 @contextlib.contextmanager
-def _deepspeed_writes_through(engine, write: Write | None):
-    """While saving, route a DeepSpeed engine's file writes through ``write``."""
-    if write is None or isinstance(engine, PlainEngine):
+def _deepspeed_writes_through(engine, background: BackgroundSaver | None):
+    """While saving, hand a DeepSpeed engine's file writes to ``background``."""
+    if background is None or isinstance(engine, PlainEngine):
         yield
         return
     inner = engine.checkpoint_engine
-    engine.checkpoint_engine = _RoutedCheckpointEngine(inner, write)
+    engine.checkpoint_engine = _RoutedCheckpointEngine(inner, background)
     try:
         yield
     finally:
