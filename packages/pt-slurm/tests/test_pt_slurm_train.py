@@ -1,6 +1,8 @@
 """`pt-slurm submit` of a real (tiny, CPU) pt-train run on the local SLURM, launched by
 torchrun: it completes and leaves a full run dir; signalled mid-run it checkpoints,
-requeues under the same job id, resumes and ends with the weights of an unsignalled run."""
+requeues under the same job id, resumes and ends with the weights of an unsignalled run;
+with one of its two ranks hung, the watchdog dumps both ranks' stacks and fails the job,
+which is retried, resumes and ends with the weights of an unhung run."""
 
 from __future__ import annotations
 
@@ -36,10 +38,8 @@ def _rows(n=40, vocab=300):
     return rows
 
 
-@pytest.fixture(scope="module")
-def runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
-    """An unsignalled run and one signalled mid-run, submitted together."""
-    root = tmp_path_factory.mktemp("pt-slurm-train")
+def _write_config(root: Path, tokenizer_dir: Path) -> Path:
+    """The rows and the config (torchrun, one rank per node) the runs of this module share."""
     with open(root / "rows.jsonl", "w") as fh:
         for row in _rows():
             fh.write(json.dumps(row) + "\n")
@@ -48,7 +48,7 @@ def runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
         "output_dir": str(root / "runs"),
         "model": {
             "init": {
-                "tokenizer": str(tiny_tokenizer_dir),
+                "tokenizer": str(tokenizer_dir),
                 "hidden_size": 128,
                 "num_layers": 2,
                 "num_heads": 2,
@@ -70,7 +70,13 @@ def runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
     }
     path = root / "train.yaml"
     path.write_text(yaml.safe_dump(config))
+    return path
 
+
+@pytest.fixture(scope="module")
+def runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
+    """An unsignalled run and one signalled mid-run, submitted together."""
+    path = _write_config(tmp_path_factory.mktemp("pt-slurm-train"), tiny_tokenizer_dir)
     jobs = {}
     for name in ("reference", "signalled"):
         proc = subprocess.run(
@@ -180,3 +186,89 @@ def test_signalled_run_requeues_once_resumes_and_ends_with_the_reference_weights
     assert [m["loss"] for m in _metrics(run_dir)] == [
         m["loss"] for m in _metrics(Path(runs["reference"]["path"]))
     ]
+
+
+# ---------------------------------------------------------------- a hung rank
+
+HANG_AT = 15  # rank 1 sleeps before the 16th step; step-10 is the last checkpoint then
+
+
+@pytest.fixture(scope="module")
+def hang_runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
+    """Two 2-rank runs submitted together: one as it is, and one whose rank 1 sleeps for
+    ever before step 16 on its first attempt (the PT_TRAIN_TEST_STALL test hook, which
+    stalls only while the run dir holds no stack dump), with the watchdog on (30 s) and
+    checkpoints written in the background."""
+    path = _write_config(tmp_path_factory.mktemp("pt-slurm-hang"), tiny_tokenizer_dir)
+    stall = f"at=step,rank=1,step={HANG_AT},seconds=inf"
+    jobs = {}
+    for name, extra in (
+        ("unhung", []),
+        (
+            "hung",
+            [
+                "training.watchdog_minutes=0.5",
+                "training.async_save=true",
+                f"slurm.env.PT_TRAIN_TEST_STALL={stall}",
+            ],
+        ),
+    ):
+        proc = subprocess.run(
+            [
+                PT_SLURM,
+                "submit",
+                path,
+                f"run_name={name}",
+                f"slurm.job_name=pt-{name}",
+                "slurm.procs_per_node=2",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stderr
+        jobs[name] = json.loads(proc.stdout)
+    for manifest in jobs.values():
+        slurm_cluster.wait_until(
+            lambda m=manifest: _final(slurm_cluster, m), f"job {manifest['job_id']} to end", 840
+        )
+    return jobs
+
+
+@pytest.mark.timeout(1800)
+def test_a_hung_rank_ends_in_stack_dumps_and_a_retry_that_ends_with_the_unhung_weights(
+    hang_runs, slurm_cluster
+):
+    run_dir, job_id = Path(hang_runs["hung"]["path"]), hang_runs["hung"]["job_id"]
+    st = _state(run_dir)
+    assert st["status"] == "completed", st
+    # The first attempt failed (the watchdog's exit: neither done, bad input nor a
+    # requeue asked for) and was retried under the same job id; the retry finished.
+    assert [r["outcome"] for r in st["runs"]] == ["requeue", "done"], st["runs"]
+    first = st["runs"][0]
+    assert first["exit_code"] not in (0, 2, 85) and not first["signals"], first
+    assert first["reason"].endswith("failure 1 of 3, retrying"), first["reason"]
+    assert st["failures"] == 0 and st["job_ids"] == [job_id]
+    assert slurm_cluster.job(job_id)["Restarts"] == "1"
+
+    # Both ranks dumped their stacks: rank 1 asleep in the hook, rank 0 in the
+    # all-reduce that waited for it.
+    dumps = {p.name.split("-")[1]: p.read_text() for p in (run_dir / "hang").glob("rank-*.txt")}
+    assert sorted(dumps) == ["0", "1"], sorted(dumps)
+    assert all(f"after step {HANG_AT}" in text for text in dumps.values())
+    assert re.search(r"watchdog\.py\", line \d+ in __call__", dumps["1"])
+    assert re.search(r"distributed\.py\", line \d+ in all_reduce", dumps["0"])
+
+    err = " ".join(
+        x.split("]:", 1)[-1]
+        for x in (run_dir / "slurm" / f"slurm-{job_id}.err").read_text().splitlines()
+    )
+    assert "watchdog: no optimizer step completed in 0.5 min" in " ".join(err.split())
+    assert "from step-10 (step 10)" in " ".join(err.split())  # the retry resumed there
+
+    reference = Path(hang_runs["unhung"]["path"])
+    assert _state(reference)["status"] == "completed"
+    assert [m["loss"] for m in _metrics(run_dir)] == [m["loss"] for m in _metrics(reference)]
+    ref, got = _weights(reference), _weights(run_dir)
+    assert ref.keys() == got.keys()
+    assert all((ref[k] == got[k]).all() for k in ref), "weights differ from the unhung run"

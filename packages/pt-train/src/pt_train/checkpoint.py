@@ -16,14 +16,28 @@ Everything is written under ``checkpoints/.tmp-step-N`` and renamed into place
 once every rank has finished; ``latest`` is replaced atomically only after
 that. A crash or ``kill -9`` mid-save leaves a ``.tmp-*`` directory that the
 next run deletes, and ``latest`` still names the previous complete checkpoint.
+
+With ``training.async_save`` (:class:`BackgroundSaver`) the training thread only copies
+the state into CPU memory of its own (:func:`cpu_snapshot`); a thread on every rank
+writes the files, fsyncs them and leaves a ``.written-rank{r}`` marker in the temporary
+directory, and rank 0's thread, once every rank's marker is there, renames the
+directory and moves ``latest`` as above. The next save, a stop and the end of training
+wait for the write before going on, so there is at most one write in flight, and a
+run that returns (or exits 85) has its last checkpoint complete.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import random
 import shutil
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +46,9 @@ import torch
 from pt_core.files import atomic_path, atomic_write_json, atomic_write_text
 from pt_core.log import get_logger
 from pt_train.distributed import DistEnv, barrier
-from pt_train.engine import load_engine, save_engine
+from pt_train.engine import PlainEngine, load_engine, save_engine
 from pt_train.lora import hf_model, is_lora, merged_state_dict, save_adapter
+from pt_train.watchdog import TestStall
 
 log = get_logger(__name__)
 
@@ -83,37 +98,74 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_full(
-    engine, run_dir: Path, step: int, trainer_state: dict, env: DistEnv, keep: int
+    engine,
+    run_dir: Path,
+    step: int,
+    trainer_state: dict,
+    env: DistEnv,
+    keep: int,
+    background: BackgroundSaver | None = None,
 ) -> Path:
-    """Save the whole training state at ``step`` (all ranks call this)."""
+    """Save the whole training state at ``step`` (all ranks call this).
+
+    With ``background``, the files are written by its thread and the checkpoint becomes
+    ``latest`` once every rank's thread is done (see :class:`BackgroundSaver`); the call
+    returns after the state is copied, having first waited for the save before it.
+    """
     root = checkpoint_dir(run_dir)
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
+    if background is not None:
+        background.wait()  # one write in flight at most
+    start = time.perf_counter()
     if env.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    save_engine(engine, tmp)
-    torch.save(rng_state(), tmp / f"rng-rank{env.rank}.pt")
+    write = background.queue if background is not None else _write_now
+    with _deepspeed_writes_through(engine, background):
+        save_engine(engine, tmp, write)
+    write(rng_state(), tmp / f"rng-rank{env.rank}.pt")
     if env.is_main:
-        (tmp / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}))
+        write(json.dumps({**trainer_state, "step": step}), tmp / "trainer_state.json", _write_text)
+    if background is not None:
+        background.start(step, tmp, final, keep, copy_s=time.perf_counter() - start)
+        return final
     barrier()
     if env.is_main:
-        _fsync_tree(tmp)
-        if final.exists():  # re-saving a step (resumed run that stopped at the same step)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        atomic_write_text(root / LATEST, final.name + "\n")
-        _prune(root, keep, protect=final)
+        _commit(tmp, final, keep)
     barrier()
     return final
+
+
+def _commit(tmp: Path, final: Path, keep: int) -> None:
+    """Rename a complete ``.tmp-step-N`` into place, then point ``latest`` at it (rank 0)."""
+    root = final.parent
+    _fsync_tree(tmp)
+    if final.exists():  # re-saving a step (resumed run that stopped at the same step)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    atomic_write_text(root / LATEST, final.name + "\n")
+    _prune(root, keep, protect=final)
+
+
+def _write_now(obj, path: Path, save: Callable = torch.save) -> None:
+    save(obj, path)
+
+
+def _write_text(text: str, path: Path) -> None:
+    Path(path).write_text(text)
 
 
 def _fsync_tree(path: Path) -> None:
     for f in path.rglob("*"):
         if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+            _fsync(f)
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
 
 
 def _prune(root: Path, keep: int, protect: Path) -> None:
@@ -124,6 +176,250 @@ def _prune(root: Path, keep: int, protect: Path) -> None:
     for old in steps[:-keep]:
         if old != protect:
             shutil.rmtree(old, ignore_errors=True)
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint's files could not be written (a full disk, a lost file system)."""
+
+
+WRITER_NICENESS = 10
+
+
+class BackgroundSaver:
+    """Writes the files of full checkpoints in a thread of this rank (``training.async_save``).
+
+    :func:`save_full` hands it each file (:meth:`queue`: the object is copied into CPU
+    memory there and then, on the training thread) and :meth:`start`s the write. The
+    thread writes and fsyncs the files, then leaves ``.written-rank{r}`` in the
+    temporary directory; rank 0's thread waits until every rank's marker is there (no
+    collective: the training thread owns those), removes them and commits the checkpoint
+    (rename, ``latest``, pruning) as a synchronous save does. A rank that fails leaves
+    ``.failed-rank{r}`` instead, and each rank raises :class:`CheckpointWriteError` at its
+    next :meth:`wait`. A kill during the write leaves ``.tmp-step-N`` and ``latest`` as
+    they were.
+    """
+
+    def __init__(self, env: DistEnv, run_dir: Path):
+        self.env = env
+        self.stall = TestStall.from_env(env.rank, run_dir)
+        self._files: list[tuple[Callable, object, Path]] = []
+        self._thread: threading.Thread | None = None
+        self._step: int | None = None
+        self._error: BaseException | None = None
+
+    def queue(self, obj, path: Path, save: Callable = torch.save) -> None:
+        """Copy ``obj`` now; write it to ``path`` with ``save(obj, path)`` at :meth:`start`."""
+        self._files.append((save, cpu_snapshot(obj), Path(path)))
+
+    def start(self, step: int, tmp: Path, final: Path, keep: int, copy_s: float) -> None:
+        assert self._thread is None, "a checkpoint write is already in flight"
+        files, self._files = self._files, []
+        self._step = step
+        self._thread = threading.Thread(
+            target=self._write,
+            args=(files, step, tmp, final, keep, copy_s),
+            name=f"pt-checkpoint-step-{step}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    @property
+    def writing(self) -> bool:
+        """True while a write is in flight on this rank."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Return once the write in flight, if any, is done here (on rank 0: committed)."""
+        if self._thread is None:
+            return
+        if self._thread.is_alive():
+            start = time.perf_counter()
+            self._thread.join()
+            if self.env.is_main:
+                log.info(
+                    "waited %.2f s for checkpoint step-%d to be written",
+                    time.perf_counter() - start,
+                    self._step,
+                )
+        self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def finish(self) -> None:
+        """Wait until the last checkpoint is written and committed on every rank (all ranks
+        call this, at a stop and at the end of training, so that they leave together)."""
+        self.wait()
+        barrier()
+
+    def _write(self, files, step: int, tmp: Path, final: Path, keep: int, copy_s: float):
+        rank = self.env.rank
+        start = time.perf_counter()
+        # Where the cores are busy, the training thread goes first; the write only has to
+        # be done by the next save. (Linux applies a thread id's niceness to that thread.)
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
+        try:
+            self.stall("write", step)  # test hooks: a write held up before it starts,
+            written = 0
+            while files:
+                save, obj, path = files.pop(0)
+                save(obj, path)
+                del obj  # the copy is freed as soon as it is on disk
+                _fsync(path)
+                written += 1
+                if written == 1:
+                    self.stall("half_written", step)  # or after its first file
+            (tmp / f".written-rank{rank}").touch()
+        except BaseException as exc:
+            self._error = CheckpointWriteError(
+                f"rank {rank} could not write its part of checkpoint {final.name} in {tmp}: {exc!r}"
+            )
+            with contextlib.suppress(OSError):
+                (tmp / f".failed-rank{rank}").write_text(repr(exc))
+            return
+        if not self.env.is_main:
+            return
+        try:
+            self._wait_for_ranks(tmp, final)
+            for r in range(self.env.world_size):
+                (tmp / f".written-rank{r}").unlink()
+            _commit(tmp, final, keep)
+        except BaseException as exc:
+            self._error = (
+                exc
+                if isinstance(exc, CheckpointWriteError)
+                else CheckpointWriteError(
+                    f"checkpoint {final.name} could not be committed from {tmp}: {exc!r}"
+                )
+            )
+            return
+        log.info(
+            "checkpoint %s written in the background: %.3f s on the training path, %.3f s writing",
+            final.name,
+            copy_s,
+            time.perf_counter() - start,
+        )
+
+    def _wait_for_ranks(self, tmp: Path, final: Path) -> None:
+        pause = 0.01
+        while True:
+            for r in range(self.env.world_size):
+                failed = tmp / f".failed-rank{r}"
+                if failed.exists():
+                    raise CheckpointWriteError(
+                        f"rank {r} could not write its part of checkpoint {final.name}: "
+                        + failed.read_text()
+                    )
+            if all((tmp / f".written-rank{r}").exists() for r in range(self.env.world_size)):
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+
+def background_saver(engine, env: DistEnv, run_dir: Path) -> BackgroundSaver | None:
+    """A :class:`BackgroundSaver` for ``engine``, or None (with the reason logged) where its
+    checkpoints cannot be written in the background."""
+    if not isinstance(engine, PlainEngine):
+        name = type(engine.checkpoint_engine).__name__
+        if name != "TorchCheckpointEngine":
+            if env.is_main:
+                log.warning(
+                    "training.async_save: DeepSpeed's checkpoint engine is %s, which writes "
+                    "in its own way; checkpoints are saved synchronously",
+                    name,
+                )
+            return None
+    return BackgroundSaver(env, run_dir)
+
+
+class _RoutedCheckpointEngine:
+    """DeepSpeed's checkpoint engine with its file writes handed to a background saver;
+    DeepSpeed still decides what each file holds, and everything else goes to the engine
+    itself."""
+
+    def __init__(self, inner, background: BackgroundSaver):
+        self._inner = inner
+        self._background = background
+
+    def save(self, state_dict, path: str) -> None:
+        self._background.queue(state_dict, Path(path), self._inner.save)
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+@contextlib.contextmanager
+def _deepspeed_writes_through(engine, background: BackgroundSaver | None):
+    """While saving, hand a DeepSpeed engine's file writes to ``background``."""
+    if background is None or isinstance(engine, PlainEngine):
+        yield
+        return
+    inner = engine.checkpoint_engine
+    engine.checkpoint_engine = _RoutedCheckpointEngine(inner, background)
+    try:
+        yield
+    finally:
+        engine.checkpoint_engine = inner
+
+
+_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device)
+
+
+def cpu_snapshot(obj):
+    """A copy of ``obj`` that later training steps cannot change: the storage of every
+    tensor copied into CPU memory once (views of one storage stay views of one copy),
+    dicts, lists and tuples rebuilt (an object met twice is copied once), immutable
+    values kept and anything else deep-copied. For CPU tensors :func:`torch.save` writes
+    the same bytes for the copy as for ``obj``; on a GPU the copy is in CPU memory."""
+    memo: dict[int, object] = {}
+    storages: dict[int, torch.UntypedStorage] = {}
+    originals: list = []  # kept alive until the end, so that no id() is reused
+
+    def tensor(t: torch.Tensor) -> torch.Tensor:
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
+            return copy.deepcopy(t, memo)
+        storage = t.untyped_storage()
+        cpu = storages.get(storage._cdata)
+        if cpu is None:
+            cpu = storage.clone() if storage.device.type == "cpu" else storage.cpu()
+            storages[storage._cdata] = cpu
+        out = torch.empty(0, dtype=t.dtype).set_(cpu, t.storage_offset(), t.size(), t.stride())
+        if isinstance(t, torch.nn.Parameter):
+            out = torch.nn.Parameter(out, requires_grad=t.requires_grad)
+        elif t.requires_grad:
+            out.requires_grad_(True)
+        if t.__dict__:
+            out.__dict__.update(snap(dict(t.__dict__)))
+        return out
+
+    def snap(x):
+        if isinstance(x, _IMMUTABLE):
+            return x
+        key = id(x)
+        if key in memo:
+            return memo[key]
+        originals.append(x)
+        kind = type(x)
+        if isinstance(x, torch.Tensor):
+            out = tensor(x)
+        elif kind in (dict, OrderedDict):
+            out = memo[key] = kind()
+            for k, v in x.items():
+                out[k] = snap(v)
+            if kind is OrderedDict:  # e.g. the ``_metadata`` of a module's state dict
+                out.__dict__.update(snap(vars(x)))
+        elif kind is list:
+            out = memo[key] = []
+            out.extend(snap(v) for v in x)
+        elif kind is tuple:
+            out = tuple(snap(v) for v in x)
+        else:
+            out = copy.deepcopy(x, memo)
+        memo[key] = out
+        return out
+
+    return snap(obj)
 
 
 def load_full(engine, path: Path, env: DistEnv, zero_stage: int) -> dict:

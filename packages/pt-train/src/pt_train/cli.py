@@ -46,7 +46,8 @@ def run(
 ) -> None:
     """Train (or resume) a run; print the final inference checkpoint's manifest.
 
-    Exits 85 after saving a checkpoint when stopped by SIGTERM/SIGUSR1 (rerun to resume).
+    Exits 85 after saving a checkpoint when stopped by SIGTERM/SIGUSR1 (rerun to resume),
+    86 when the hang watchdog (training.watchdog_minutes) ended it (stacks in RUN_DIR/hang/).
     """
     from pt_core.contracts import REQUEUE_EXIT_CODE
     from pt_train.config import load_train_config

@@ -145,6 +145,16 @@ class TrainingConfig(Section):
     max_consecutive_nan: int = Field(5, gt=0)
     # The LM head runs on this many MiB of fp32 logits at a time (pt_train.logprobs).
     logits_chunk_mb: int = Field(256, gt=0)
+    # Full checkpoints copied to CPU memory on the training thread and written by a
+    # background thread (pt_train.checkpoint.BackgroundSaver).
+    async_save: bool = False
+    # The hang watchdog (pt_train.watchdog): minutes without a completed optimizer step
+    # (and the save after it) before every rank dumps its Python stacks into RUN_DIR/hang/
+    # and exits 86; null turns it off.
+    watchdog_minutes: float | None = Field(None, gt=0)
+    # The window of the first step, from the start (process group, model load, DeepSpeed
+    # set-up, resume) to the end of step 1; watchdog_minutes where that is longer.
+    watchdog_first_step_minutes: float = Field(30.0, gt=0)
 
     @model_validator(mode="after")
     def _one_length(self):
@@ -325,6 +335,9 @@ RESUME_FREE_KEYS = (
     "training.logging_steps",
     "training.max_consecutive_nan",
     "training.logits_chunk_mb",
+    "training.async_save",
+    "training.watchdog_minutes",
+    "training.watchdog_first_step_minutes",
     "rollout.python",
     "eval",
     "rollout.gpu_memory_utilization",

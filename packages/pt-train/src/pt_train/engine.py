@@ -84,16 +84,19 @@ def saved_module_state(module: torch.nn.Module) -> dict:
     return {k: v for k, v in module.state_dict().items() if k not in frozen}
 
 
-def save_engine(engine, directory: Path) -> None:
+def save_engine(engine, directory: Path, write=None) -> None:
     """Write the model (its trained parameters) and optimizer state into ``directory`` (a
-    checkpoint being built)."""
+    checkpoint being built).
+
+    ``write(obj, path)`` stores the plain engine's file (default :func:`torch.save`;
+    :mod:`pt_train.checkpoint` passes one that writes in the background)."""
     if isinstance(engine, PlainEngine):
         (directory / PLAIN_TAG).mkdir()
         state = {
             "module": saved_module_state(engine.module),
             "optimizer": engine.optimizer.state_dict(),
         }
-        torch.save(state, directory / PLAIN_TAG / PLAIN_FILE)
+        (write or torch.save)(state, directory / PLAIN_TAG / PLAIN_FILE)
     else:
         frozen = bool(frozen_names(engine.module))
         engine.save_checkpoint(

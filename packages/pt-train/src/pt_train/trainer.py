@@ -41,7 +41,7 @@ from pt_core.log import get_logger, progress
 from pt_train import checkpoint as ckpt
 from pt_train.batch import Batch
 from pt_train.config import TrainConfig, batch_layout, changed_keys, migrate
-from pt_train.distributed import DistEnv, all_reduce, barrier, init_distributed
+from pt_train.distributed import DistEnv, all_reduce, barrier, init_distributed, launched_env
 from pt_train.engine import PlainEngine, use_plain_engine
 from pt_train.fingerprint import check_data_fingerprint, data_fingerprint, write_data_fingerprint
 from pt_train.logprobs import HeadRequest, install_token_head, other_model_hidden
@@ -52,6 +52,7 @@ from pt_train.objectives import Objective, build_objective
 from pt_train.producers import Producer
 from pt_train.schedule import lr_at
 from pt_train.signals import NonFiniteLoss, StopRequest
+from pt_train.watchdog import TestStall, Watchdog
 
 log = get_logger(__name__)
 
@@ -167,6 +168,12 @@ class Trainer:
             if self.env.is_main:
                 log.info("frozen reference: the policy with its LoRA adapters disabled")
             self.reference = AdaptersOff(self.engine.module)
+        # resilience: full checkpoints written in the background (training.async_save)
+        self.background = (
+            ckpt.background_saver(self.engine, self.env, self.run_dir)
+            if cfg.training.async_save
+            else None
+        )
 
         self.step = 0
         self.trained_tokens = 0
@@ -585,6 +592,7 @@ class Trainer:
             self.trainer_state(),
             self.env,
             self.cfg.training.save_total_limit,
+            background=self.background,
         )
 
     def save_inference(self) -> Path:
@@ -592,9 +600,13 @@ class Trainer:
             self.engine, self.tokenizer, self.run_dir, self.step, self.env, self.zero_stage
         )
 
-    def train(self, stop: StopRequest) -> TrainResult:
-        """Run the remaining steps; ``stop`` is the signal flag (installed by :func:`train`)."""
+    def train(self, stop: StopRequest, watchdog: Watchdog | None = None) -> TrainResult:
+        """Run the remaining steps; ``stop`` is the signal flag and ``watchdog`` the hang
+        watchdog (both installed by :func:`train`)."""
         t = self.cfg.training
+        # resilience: the watchdog's beat after each step, and a test hook before it
+        watchdog = watchdog or Watchdog(self.run_dir, self.env.rank, None)
+        stall = TestStall.from_env(self.env.rank, self.run_dir)
         if self.step >= self.total_steps:
             path = self.run_dir / "inference" / f"step-{self.step}"
             if not path.exists():
@@ -620,6 +632,7 @@ class Trainer:
                 bar.add_task("train", total=self.total_steps, completed=self.step) if bar else None
             )
             while self.step < self.total_steps:
+                stall("step", self.step)
                 record = self.train_step(self.step, stop)
                 self.step += 1
                 stopped = record.pop("_stop")
@@ -646,8 +659,11 @@ class Trainer:
                     self.save_full()
                 if done or (t.inference_steps and self.step % t.inference_steps == 0):
                     self.save_inference()
+                watchdog.beat(self.step)
                 if stopped:
                     break
+        if self.background is not None:
+            self.background.finish()  # the last checkpoint is complete before we return
         self.metrics.close()
         if stopped:
             if self.env.is_main:
@@ -679,12 +695,20 @@ def train(
     # the run after its first step, with a checkpoint, like any other.
     # A plain process sets up a one-rank job in its environment (pt_train.distributed);
     # put it back afterwards, so processes it starts later are not taken for ranks.
+    # The watchdog starts before the model loads: its first window covers the set-up.
     saved = {k: os.environ.get(k) for k in RANK_VARIABLES}
+    launched = launched_env()
+    watchdog = Watchdog(
+        cfg.run_dir,
+        launched.rank if launched is not None else 0,
+        cfg.training.watchdog_minutes,
+        cfg.training.watchdog_first_step_minutes,
+    )
     try:
-        with StopRequest() as stop:
+        with StopRequest() as stop, watchdog:
             trainer = Trainer(cfg, force_resume=force_resume, producer=producer)
             try:
-                return trainer.train(stop)
+                return trainer.train(stop, watchdog)
             finally:
                 trainer.producer.close()
                 trainer.objective.close()
