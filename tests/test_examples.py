@@ -15,8 +15,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-DATA_CONFIGS = sorted(EXAMPLES.glob("*/data.yaml")) + sorted(EXAMPLES.glob("*/prompts.yaml"))
-TRAIN_CONFIGS = sorted(EXAMPLES.glob("*/train.yaml")) + [EXAMPLES / "quickstart" / "sft.yaml"]
+DATA_CONFIGS = sorted(EXAMPLES.glob("*/data.yaml")) + sorted(EXAMPLES.glob("*/*prompts.yaml"))
+QUICKSTART_TRAIN = ("base", "finetune", "dpo", "opd", "grpo")
+TRAIN_CONFIGS = sorted(EXAMPLES.glob("*/train.yaml")) + [
+    EXAMPLES / "quickstart" / f"{name}.yaml" for name in QUICKSTART_TRAIN
+]
 
 
 def _ids(paths):
@@ -73,7 +76,7 @@ def test_recipes_follow_the_dft_papers_setting():
     train = yaml.safe_load((EXAMPLES / "dft-qwen2.5-math" / "train.yaml").read_text())
     data = yaml.safe_load((EXAMPLES / "dft-qwen2.5-math" / "data.yaml").read_text())
     t = train["training"]
-    assert (t["loss"], t["learning_rate"], t["global_batch_size"], t["num_epochs"]) == (
+    assert (train["objective"]["name"], t["learning_rate"], t["global_batch_size"], t["num_epochs"]) == (
         "dft",
         5e-5,
         256,
@@ -82,5 +85,6 @@ def test_recipes_follow_the_dft_papers_setting():
     assert (t["warmup_ratio"], t["lr_schedule"]) == (0.1, "cosine")
     assert data["data"]["tokenizer"]["max_seq_length"] == 2048
     two_node = yaml.safe_load((EXAMPLES / "dft-slurm-2node" / "train.yaml").read_text())
-    for key in ("loss", "learning_rate", "global_batch_size", "num_epochs", "warmup_ratio"):
+    assert two_node["objective"] == train["objective"]
+    for key in ("learning_rate", "global_batch_size", "num_epochs", "warmup_ratio"):
         assert two_node["training"][key] == t[key], key

@@ -57,7 +57,7 @@ def _config(tmp_path, text: str):
 @pytest.mark.parametrize(
     "text, args, words",
     [
-        (None, [], ["no such config file"]),
+        (None, [], ["config file not found"]),
         ("", [], ["missing required key 'run_name'"]),
         ("run_name: [a\n", [], ["run.yaml:", "invalid YAML"]),
         ("- a\n- b\n", [], ["expected a mapping"]),

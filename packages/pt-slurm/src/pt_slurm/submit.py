@@ -52,7 +52,7 @@ def plan(
             hint="pass the run's YAML file (status, logs and cancel take the run directory)",
         )
     if not Path(config).is_file():
-        raise ConfigError(f"{config}: no such config file")
+        raise ConfigError(f"{config}: config file not found")
     if is_pipeline_file(config):
         if stages:
             raise ConfigError(
