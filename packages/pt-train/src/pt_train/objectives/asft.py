@@ -1,7 +1,7 @@
 """Anchored Supervised Fine-Tuning (ASFT): DFT's reweighting plus a KL anchor to a
 frozen reference model.
 
-    objective: {name: asft, kl_coef: 0.05, kl_direction: forward, reference: {path: null}}
+    objective: {name: asft, kl_coef: 0.1, kl_direction: forward, reference: {path: null}}
 
 Zhu et al. 2025, "Anchored Supervised Fine-Tuning" (arXiv:2509.23753, ICLR 2026). DFT
 tightens the RL lower bound of SFT but has no anchor, so the policy drifts from where it
@@ -32,7 +32,7 @@ from pt_train.objectives.reference import ReferenceConfig
 
 class ASFTConfig(Section):
     name: Literal["asft"] = "asft"
-    kl_coef: float = Field(0.05, ge=0)
+    kl_coef: float = Field(0.1, ge=0)  # the authors' train.sh default
     kl_direction: Literal["forward", "reverse"] = "forward"
     reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
 

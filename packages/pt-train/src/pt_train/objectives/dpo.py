@@ -17,7 +17,7 @@ loss_type     per-pair loss                                               paper
 ============  ==========================================================  =============
 sigmoid       -(1-e) log s(b h) - e log s(-b h)                           Rafailov 2023; cDPO (e)
 robust        (-(1-e) log s(b h) + e log s(-b h)) / (1 - 2e)              Chowdhury 2024
-hinge         max(0, 1 - b h)                                             Zhao 2023 (SLiC)
+hinge         max(0, 1 - b h)                                             Liu 2023 (RSO)
 ipo           (h' - 1/(2b))^2, h' from token-mean log-probs               Azar 2023
 bco_pair      -log s(b c - d) - log s(-(b r - d)), d = running mean reward   Jung 2024
 sppo_hard     (c - 1/(2b))^2 + (r + 1/(2b))^2                             Wu 2024
