@@ -16,7 +16,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 DATA_CONFIGS = sorted(EXAMPLES.glob("*/data.yaml")) + sorted(EXAMPLES.glob("*/*prompts.yaml"))
-QUICKSTART_TRAIN = ("base", "finetune", "dpo", "opd", "grpo")
+QUICKSTART_TRAIN = ("sft", "finetune", "dpo", "opd", "grpo")
 TRAIN_CONFIGS = sorted(EXAMPLES.glob("*/train.yaml")) + [
     EXAMPLES / "quickstart" / f"{name}.yaml" for name in QUICKSTART_TRAIN
 ]

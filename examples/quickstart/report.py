@@ -16,10 +16,10 @@ from rich.table import Table
 # (grades and run name, row label, what it is)
 MODELS = (
     ("untrained", "untrained", "random weights"),
-    ("base", "warm start", "SFT from random weights, briefly"),
-    ("sft", "SFT", "warm start + SFT"),
-    ("dft", "DFT", "warm start + DFT"),
-    ("asft", "ASFT", "warm start + DFT anchored by KL"),
+    ("base", "warm start", "step 120 of the SFT run"),
+    ("sft", "SFT", "warm start + 115 steps of SFT"),
+    ("dft", "DFT", "warm start + 115 steps of DFT"),
+    ("asft", "ASFT", "warm start + 115 steps of DFT anchored by KL"),
     ("dpo", "DPO", "SFT + DPO on its own graded samples"),
     ("opd", "OPD", "warm start distilled from SFT, on-policy"),
     ("grpo", "GRPO", "SFT + GRPO rewarded by pt-eval"),
@@ -41,11 +41,11 @@ def plot_curves(out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {name: load_metrics(out / "runs" / name) for name, _, _ in MODELS}
+    runs = {name: load_metrics(out / "runs" / name) for name, _, _ in MODELS if name != "base"}
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     panels = [
         (axes[0][0], "cross-entropy on trained tokens (SFT data)", [
-            ("base", "loss", "warm start (SFT)"), ("sft", "loss", "SFT"),
+            ("sft", "loss", "SFT (the warm start is its step 120)"),
             ("dft", "ce_loss", "DFT"), ("asft", "ce_loss", "ASFT"),
         ], True),
         (axes[0][1], "DPO: reward accuracy and margin", [

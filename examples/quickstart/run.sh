@@ -5,8 +5,9 @@
 #
 # 1. pt-data synth     a synthetic arithmetic train/test set, and a local tokenizer
 # 2. pt-data build     templated, tokenized, packed SFT rows; train and test prompts
-# 3. pt-train run      the warm start: a small Llama trained briefly from random weights
-# 4. pt-train run      from the warm start, the same steps of SFT, DFT and ASFT
+# 3. pt-train run      SFT of a small Llama from random weights; its step 120 is the warm
+#                      start, its last step the SFT model
+# 4. pt-train run      DFT and ASFT from the warm start, for the steps SFT took from there
 # 5. pt-rollout | pt-eval grade | pt-data pairs | pt-train run: DPO from the SFT model
 #                      on pairs of its own graded samples
 # 6. pt-train run      OPD: the warm start distilled from the SFT model on its own samples
@@ -42,16 +43,13 @@ step "2. pt-data build (test prompts, training prompts)"
 pt-data build "$HERE/prompts.yaml" > /dev/null
 pt-data build "$HERE/train-prompts.yaml" > /dev/null
 
-step "2+3. pt-data build | pt-train run (the warm start)"
-pt-data build "$HERE/data.yaml" | pt-train run "$HERE/base.yaml" --data - > manifest-base.json
-pt-train init "$HERE/base.yaml" --out runs/untrained/inference/step-0 > manifest-untrained.json
+step "3. pt-data build | pt-train run (SFT from random weights; the warm start at step 120)"
+pt-data build "$HERE/data.yaml" | pt-train run "$HERE/sft.yaml" --data - > manifest-sft.json
+pt-train init "$HERE/sft.yaml" --out runs/untrained/inference/step-0 > manifest-untrained.json
 
-step "4. pt-train run: SFT, DFT and ASFT from the warm start"
-pt-train run "$HERE/finetune.yaml" --data data/sft > manifest-sft.json
-pt-train run "$HERE/finetune.yaml" run_name=dft objective.name=dft \
-    training.learning_rate=5e-4 --data data/sft > manifest-dft.json
-pt-train run "$HERE/finetune.yaml" run_name=asft objective.name=asft objective.kl_coef=0.1 \
-    training.learning_rate=5e-4 --data data/sft > manifest-asft.json
+step "4. pt-train run: DFT and ASFT from the warm start"
+pt-train run "$HERE/finetune.yaml" --data data/sft > manifest-dft.json
+pt-train run "$HERE/finetune.yaml" run_name=asft objective.name=asft --data data/sft > manifest-asft.json
 
 step "5. pt-rollout generate | pt-eval grade | pt-data pairs | pt-train run (DPO)"
 pt-rollout generate --model - --prompts data/train-prompts --engine hf --n 4 \
@@ -69,7 +67,11 @@ pt-train run "$HERE/grpo.yaml" > manifest-grpo.json
 
 for name in untrained base sft dft asft dpo opd grpo; do
     step "8. pt-rollout generate | pt-eval grade ($name)"
-    pt-rollout generate --model "$(path_of "manifest-$name.json")" --prompts data/test-prompts \
+    case $name in
+        base) model=runs/sft/inference/step-120 ;;  # the warm start: step 120 of the SFT run
+        *) model=$(path_of "manifest-$name.json") ;;
+    esac
+    pt-rollout generate --model "$model" --prompts data/test-prompts \
         --engine hf --n "$SAMPLES" --temperature 0.6 --max-tokens 40 --seed 0 \
         --out "rollouts/$name.jsonl" \
         | pt-eval grade - --out "grades/$name.jsonl" > "grades-$name.json"

@@ -43,7 +43,7 @@ def pipeline(slurm_cluster, tmp_path_factory):
             {
                 "name": "train",
                 "stage": "train",
-                "config": str(QUICKSTART / "base.yaml"),
+                "config": str(QUICKSTART / "sft.yaml"),
                 "overrides": [
                     "training.num_epochs=null",
                     f"training.max_steps={STEPS}",
@@ -107,8 +107,8 @@ def test_the_stages_complete_in_order_each_taking_the_result_before_it(pipeline)
     dataset, checkpoint, grades = (_result(root, n) for n in ("data", "train", "eval"))
     assert dataset["kind"] == "dataset"
     assert Path(dataset["path"]) == pipeline["work"] / "data" / "sft"  # the quickstart's output_dir
-    # base.yaml names no data: the train stage trained on what the data stage built
-    assert "data" not in yaml.safe_load((QUICKSTART / "base.yaml").read_text())
+    # sft.yaml names no data: the train stage trained on what the data stage built
+    assert "data" not in yaml.safe_load((QUICKSTART / "sft.yaml").read_text())
     assert checkpoint["kind"] == "checkpoint" and checkpoint["step"] == STEPS
     assert Path(checkpoint["path"]) == root / "train" / "inference" / f"step-{STEPS}"
     assert grades["kind"] == "grades" and grades["problems"] == 8 and grades["samples"] == 8
