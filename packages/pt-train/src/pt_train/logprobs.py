@@ -6,10 +6,11 @@ never the logits of the whole batch. A model's own forward computes
 in fp32 keeps a log-softmax of the same size for the backward pass: with a 128k
 vocabulary that is 1 GiB per 2,048 tokens, each. Here the decoder runs once, the
 hidden states of the trained positions are picked out (``[N, hidden]``), and the LM head
-is applied to ``chunk_rows`` of them at a time. Each chunk runs under activation
-checkpointing, so its ``[chunk_rows, vocab]`` logits are freed at once and recomputed
-one chunk at a time in the backward pass: the memory for logits is one chunk's,
-whatever the batch.
+is applied to ``chunk_rows`` of them at a time. When there are several chunks, each runs
+under activation checkpointing, so its ``[chunk_rows, vocab]`` logits are freed at once
+and recomputed one chunk at a time in the backward pass: the memory for logits is one
+chunk's, whatever the batch (a single chunk keeps its log-probs for the backward pass,
+no more than the recomputation would hold).
 
 What a chunk computes (:class:`HeadRequest`):
 
@@ -134,7 +135,10 @@ def head_outputs(
         ids = torch.cat([ids, request.extra_ids.to(ids.device)], dim=1)  # [N, K]
     rows = hidden.shape[0]
     step = chunk_rows(vocab, request.chunk_mb)
-    grad = torch.is_grad_enabled() and hidden.requires_grad
+    # One chunk holds every position: keeping its log-softmax for the backward costs no more
+    # than recomputing it there (logits and log-probs of that chunk), and saves the LM head's
+    # second forward.
+    recompute = torch.is_grad_enabled() and hidden.requires_grad and rows > step
     logps, entropies, denses = [], [], []
     # At least one chunk, even an empty one: every rank must run the LM head (under ZeRO-3
     # its backward is a collective), so that a micro-batch without trained tokens still
@@ -144,7 +148,7 @@ def head_outputs(
         other = request.dense_hidden[start:end] if request.dense is not None else None
         args = (hidden[start:end], ids[start:end], other)
         fn = _ChunkFn(lm_head, request)
-        out = checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args)
+        out = checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
         logps.append(out[0])
         if request.entropy:
             entropies.append(out[1])
