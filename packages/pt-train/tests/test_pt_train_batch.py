@@ -12,7 +12,13 @@ import torch.nn.functional as F
 
 from pt_train.batch import Row, block_causal_mask, collate, pack_in_order, shift_targets
 from pt_train.data import StepSampler
-from pt_train.logprobs import HeadRequest, head_outputs, install_token_head
+from pt_train.logprobs import (
+    GROUP_COST_TOKENS,
+    HeadRequest,
+    head_outputs,
+    install_token_head,
+    length_groups,
+)
 from pt_train.objectives.dft import dft_loss
 from pt_train.objectives.sft import sft_loss
 
@@ -85,6 +91,49 @@ def test_chunked_head_equals_the_full_log_softmax_and_its_gradient(tiny_tokenize
         (grad,) = torch.autograd.grad(out.token_logps.sum(), model.lm_head.weight)
         torch.testing.assert_close(grad, want_grad.float(), atol=1e-5, rtol=1e-4)
     assert want.numel() == 13  # row 0 trains labels 4..10 (7), row 1 labels 1..6 (6)
+
+
+def test_length_groups_cut_rows_where_padding_costs_more_than_a_call():
+    """Rows sorted by length are cut where the padding saved exceeds a call's cost."""
+    # 4 rows of 10 and 4 of 200: one call pads 4 x 190 = 760 positions, more than one
+    # call costs; two calls compute 4 x 10 + 4 x 200 positions.
+    assert length_groups([200, 10, 200, 10, 10, 200, 10, 200], 200) == [[1, 3, 4, 6], [0, 2, 5, 7]]
+    # lengths within a call's cost of each other: one call, every row as it is
+    near = [100, 100 - GROUP_COST_TOKENS // 4, 100, 100]
+    assert length_groups(near, 100) == [[0, 1, 2, 3]]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_rows_run_in_length_groups_give_the_padded_batch_result(tiny_tokenizer, attn):
+    """Cutting a right-padded row's padding changes nothing its real tokens see: the log-probs
+    and the gradient with row_lengths (rows run in groups) are those of the padded batch."""
+    from pt_train.model import build_llama
+
+    model = build_llama(tiny_tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=0)
+    model.set_attn_implementation(attn)
+    install_token_head(model)
+    g = torch.Generator().manual_seed(2)
+    lengths = [7, 150, 9, 140, 8]  # short and long rows: two groups
+    rows = []
+    for n in lengths:
+        ids = torch.randint(10, len(tiny_tokenizer), (n,), generator=g).tolist()
+        rows.append(_row(ids, [-100] * 3 + ids[3:]))
+    batch = collate(rows, tiny_tokenizer.pad_token_id, attn)
+    assert batch.row_lengths == lengths
+    assert len(length_groups(lengths, max(lengths))) == 2
+    results = []
+    for row_lengths in (None, batch.row_lengths):
+        model.zero_grad()
+        out = model(
+            **batch.model_inputs("cpu", torch.float32),
+            head=HeadRequest(batch.targets, row_lengths=row_lengths),
+        )
+        out.token_logps.sum().backward()
+        results.append((out.token_logps.detach(), model.model.layers[0].mlp.up_proj.weight.grad))
+    (want, want_grad), (got, got_grad) = results
+    assert got.shape == want.shape == (sum(n - 3 for n in lengths),)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_grad, want_grad, atol=1e-5, rtol=1e-4)
 
 
 def test_shift_targets_never_crosses_a_packed_boundary():

@@ -43,6 +43,7 @@ class Batch:
     num_sequences: int  # S: sequences in the batch, in row-major order, padding not counted
     tokens: int  # real (unpadded) tokens, for throughput
     data: dict[str, torch.Tensor] = field(default_factory=dict)
+    row_lengths: list[int] | None = None  # [R] unpadded length of each right-padded row
 
     @property
     def num_trained(self) -> int:
@@ -70,6 +71,7 @@ class Batch:
             self.num_sequences,
             self.tokens,
             {k: v.to(device) for k, v in self.data.items()},
+            self.row_lengths,
         )
 
 
@@ -111,6 +113,7 @@ def collate(
         num_sequences=sequences,
         tokens=int(sum(len(r) for r in rows)),
         data=dict(data or {}),
+        row_lengths=[len(r) for r in rows],
     )
 
 

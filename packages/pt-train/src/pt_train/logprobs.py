@@ -6,10 +6,11 @@ never the logits of the whole batch. A model's own forward computes
 in fp32 keeps a log-softmax of the same size for the backward pass: with a 128k
 vocabulary that is 1 GiB per 2,048 tokens, each. Here the decoder runs once, the
 hidden states of the trained positions are picked out (``[N, hidden]``), and the LM head
-is applied to ``chunk_rows`` of them at a time. Each chunk runs under activation
-checkpointing, so its ``[chunk_rows, vocab]`` logits are freed at once and recomputed
-one chunk at a time in the backward pass: the memory for logits is one chunk's,
-whatever the batch.
+is applied to ``chunk_rows`` of them at a time. When there are several chunks, each runs
+under activation checkpointing, so its ``[chunk_rows, vocab]`` logits are freed at once
+and recomputed one chunk at a time in the backward pass: the memory for logits is one
+chunk's, whatever the batch (a single chunk keeps its log-probs for the backward pass,
+no more than the recomputation would hold).
 
 What a chunk computes (:class:`HeadRequest`):
 
@@ -27,6 +28,7 @@ itself (ZeRO gathers weights and prepares its backward there), computes exactly 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,6 +62,9 @@ class HeadRequest:
     dense_hidden: torch.Tensor | None = None  # [N, H'] the other model's hidden states
     dense_head: Callable | None = None  # maps those to the other model's logits
     chunk_mb: float = DEFAULT_CHUNK_MB
+    # [R] unpadded length of each (right-padded) row: with a dense mask the decoder runs
+    # on groups of rows of similar length, each cut to its longest (see length_groups)
+    row_lengths: list[int] | None = None
 
 
 class HeadOutput(dict):
@@ -130,7 +135,10 @@ def head_outputs(
         ids = torch.cat([ids, request.extra_ids.to(ids.device)], dim=1)  # [N, K]
     rows = hidden.shape[0]
     step = chunk_rows(vocab, request.chunk_mb)
-    grad = torch.is_grad_enabled() and hidden.requires_grad
+    # One chunk holds every position: keeping its log-softmax for the backward costs no more
+    # than recomputing it there (logits and log-probs of that chunk), and saves the LM head's
+    # second forward.
+    recompute = torch.is_grad_enabled() and hidden.requires_grad and rows > step
     logps, entropies, denses = [], [], []
     # At least one chunk, even an empty one: every rank must run the LM head (under ZeRO-3
     # its backward is a collective), so that a micro-batch without trained tokens still
@@ -140,7 +148,7 @@ def head_outputs(
         other = request.dense_hidden[start:end] if request.dense is not None else None
         args = (hidden[start:end], ids[start:end], other)
         fn = _ChunkFn(lm_head, request)
-        out = checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args)
+        out = checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
         logps.append(out[0])
         if request.entropy:
             entropies.append(out[1])
@@ -203,6 +211,71 @@ def decoder_and_head(model):
     return decoder, lm_head
 
 
+# A decoder call costs about as much as this many more padded positions (its fixed work
+# per layer); rows are grouped only where that saves more padding than it costs.
+GROUP_COST_TOKENS = 64
+
+
+def length_groups(lengths: list[int], width: int) -> list[list[int]]:
+    """The rows (indices into ``lengths``) of each decoder call: rows sorted by length,
+    cut into runs that minimise the positions computed (each run padded to its longest,
+    ``GROUP_COST_TOKENS`` per run), by dynamic programming. One run of every row, as
+    they are, when ``width`` (the padded length) is already the best."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    n = len(order)
+    best = [0.0] + [math.inf] * n  # best[j]: cost of the first j sorted rows
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = lengths[order[j - 1]]
+        for i in range(j):
+            cost = best[i] + (j - i) * longest + GROUP_COST_TOKENS
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    if best[n] >= n * width + GROUP_COST_TOKENS:
+        return [list(range(n))]
+    runs, j = [], n
+    while j > 0:
+        runs.append(order[cut[j] : j])
+        j = cut[j]
+    return runs[::-1]
+
+
+def decoder_trained_hidden(
+    decoder, input_ids, position_ids, attention_mask, targets, row_lengths=None
+) -> torch.Tensor:
+    """[N, H] decoder output at the trained positions (the order of
+    ``targets[targets != IGNORE]``).
+
+    With a dense mask ([R, 1, L, L]) and the rows' lengths, rows of similar length run
+    together, each group cut to its longest row: a right-padded row's real tokens attend
+    only to themselves, so cutting its padding changes nothing but the positions
+    computed."""
+    groups = None
+    if row_lengths is not None and attention_mask is not None and attention_mask.dim() == 4:
+        width = input_ids.shape[1]
+        groups = length_groups(list(row_lengths), width)
+    if groups is None or len(groups) == 1:
+        hidden = decoder_hidden(decoder, input_ids, position_ids, attention_mask)
+        return trained_hidden(hidden, targets)
+    per_row: list[torch.Tensor | None] = [None] * input_ids.shape[0]
+    for rows in groups:
+        n = max(row_lengths[i] for i in rows)
+        index = torch.tensor(rows, device=input_ids.device)
+        hidden = decoder_hidden(
+            decoder,
+            input_ids[index, :n],
+            position_ids[index, :n] if position_ids is not None else None,
+            attention_mask[index][:, :, :n, :n],
+        )
+        group_targets = targets[index]
+        for k, i in enumerate(rows):
+            per_row[i] = hidden[k, : n - 1][group_targets[k, : n - 1] != IGNORE_INDEX]
+    out = torch.cat(per_row)
+    if out.shape[0] != int((targets != IGNORE_INDEX).sum()):
+        raise ValueError("row_lengths: a row has trained positions past its length")
+    return out
+
+
 def decoder_hidden(decoder, input_ids, position_ids, attention_mask) -> torch.Tensor:
     out = decoder(
         input_ids=input_ids,
@@ -240,24 +313,32 @@ def install_token_head(model) -> TokenHead:
     def forward(*args, head: HeadRequest | None = None, **kwargs):
         if head is None:
             return original(*args, **kwargs)
-        hidden = decoder_hidden(
-            decoder, kwargs["input_ids"], kwargs.get("position_ids"), kwargs.get("attention_mask")
+        hidden = decoder_trained_hidden(
+            decoder,
+            kwargs["input_ids"],
+            kwargs.get("position_ids"),
+            kwargs.get("attention_mask"),
+            head.targets,
+            head.row_lengths,
         )
-        return head_outputs(trained_hidden(hidden, head.targets), lm_head, head, vocab)
+        return head_outputs(hidden, lm_head, head, vocab)
 
     model.forward = forward
     model._pt_head = token_head
     return token_head
 
 
-def other_model_hidden(model, batch_inputs: dict, targets: torch.Tensor) -> torch.Tensor:
+def other_model_hidden(
+    model, batch_inputs: dict, targets: torch.Tensor, row_lengths: list[int] | None = None
+) -> torch.Tensor:
     """A frozen model's hidden states at the trained positions ([N, H]), no gradient."""
     head = install_token_head(model)
     with torch.no_grad():
-        hidden = decoder_hidden(
+        return decoder_trained_hidden(
             head.decoder,
             batch_inputs["input_ids"],
             batch_inputs.get("position_ids"),
             batch_inputs.get("attention_mask"),
+            targets,
+            row_lengths,
         )
-        return trained_hidden(hidden, targets)

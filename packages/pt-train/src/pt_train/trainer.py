@@ -284,6 +284,7 @@ class Trainer:
                         targets=batch.targets,
                         chunk_mb=self.cfg.training.logits_chunk_mb,
                         temperature=self.objective.head(batch).get("temperature", 1.0),
+                        row_lengths=self.row_lengths(batch),
                     ),
                 )
             return out.token_logps.detach().double().cpu()
@@ -438,6 +439,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
+    def row_lengths(self, batch: Batch) -> list[int] | None:
+        """The rows' lengths for the token head to run rows of similar length together;
+        None under ZeRO-3, where every decoder call is a collective that all ranks must
+        make alike."""
+        return batch.row_lengths if self.zero_stage < 3 else None
+
     def forward_loss(self, batch: Batch):
         """The objective's :class:`LossOutput` of one micro-batch: the policy through the
         token head, and the reference where the objective compares with one."""
@@ -445,7 +452,10 @@ class Trainer:
         inputs = batch.model_inputs(self.device, self.model_dtype)
         chunk_mb = self.cfg.training.logits_chunk_mb
         request = HeadRequest(
-            targets=batch.targets, chunk_mb=chunk_mb, **self.objective.head(batch)
+            targets=batch.targets,
+            chunk_mb=chunk_mb,
+            row_lengths=self.row_lengths(batch),
+            **self.objective.head(batch),
         )
         reference_out = None
         if self.reference is not None and self.objective.reference == "logps":
@@ -457,11 +467,14 @@ class Trainer:
                             targets=batch.targets,
                             chunk_mb=chunk_mb,
                             temperature=request.temperature,
+                            row_lengths=self.row_lengths(batch),
                         ),
                     )
         elif self.reference is not None and self.objective.reference == "dense":
             request.dense = self.objective.dense()
-            request.dense_hidden = other_model_hidden(self.reference, inputs, batch.targets)
+            request.dense_hidden = other_model_hidden(
+                self.reference, inputs, batch.targets, self.row_lengths(batch)
+            )
             request.dense_head = self.reference._pt_head.lm_head
         out = self.engine(**inputs, head=request)
         return self.objective.loss(out, batch, reference_out)

@@ -226,12 +226,16 @@ class HFEngine(Engine):
         if generators is None:
             chosen = torch.multinomial(probs, 1, generator=self._batch_generator)[:, 0]
         else:
-            chosen = torch.cat(
-                [
-                    torch.multinomial(probs[row], 1, generator=generators[i])
-                    for row, i in enumerate(active)
-                ]
-            )
+            # torch.multinomial draws one sample as argmax(p / q), q ~ Exp(1) from the given
+            # generator; drawing each row's q from its own generator and taking the argmax
+            # of the batch at once gives the same tokens without a call (and a validity
+            # check) per row.
+            if not bool(torch.isfinite(probs).all()):
+                raise ValueError("probability tensor contains either inf, nan or element < 0")
+            noise = torch.empty_like(probs)
+            for row, i in enumerate(active):
+                noise[row].exponential_(1, generator=generators[i])
+            chosen = (probs / noise).argmax(-1)
         return chosen, probs.gather(-1, chosen[:, None])[:, 0].log()
 
     def _hits_stop(self, token_ids: list[int], stop: tuple[str, ...], window: int) -> bool:
