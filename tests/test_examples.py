@@ -76,7 +76,12 @@ def test_recipes_follow_the_dft_papers_setting():
     train = yaml.safe_load((EXAMPLES / "dft-qwen2.5-math" / "train.yaml").read_text())
     data = yaml.safe_load((EXAMPLES / "dft-qwen2.5-math" / "data.yaml").read_text())
     t = train["training"]
-    assert (train["objective"]["name"], t["learning_rate"], t["global_batch_size"], t["num_epochs"]) == (
+    assert (
+        train["objective"]["name"],
+        t["learning_rate"],
+        t["global_batch_size"],
+        t["num_epochs"],
+    ) == (
         "dft",
         5e-5,
         256,
