@@ -26,6 +26,9 @@ MODELS = (
 )
 
 
+WARM_START_STEP = 120  # DFT and ASFT start from this step of the SFT run
+
+
 def load_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
@@ -44,9 +47,10 @@ def plot_curves(out: Path) -> Path:
     runs = {name: load_metrics(out / "runs" / name) for name, _, _ in MODELS if name != "base"}
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     panels = [
-        (axes[0][0], "cross-entropy on trained tokens (SFT data)", [
+        (axes[0][0], "cross-entropy on trained tokens (SFT data), by SFT step", [
             ("sft", "loss", "SFT (the warm start is its step 120)"),
-            ("dft", "ce_loss", "DFT"), ("asft", "ce_loss", "ASFT"),
+            ("dft", "ce_loss", "DFT from step 120", WARM_START_STEP),
+            ("asft", "ce_loss", "ASFT from step 120", WARM_START_STEP),
         ], True),
         (axes[0][1], "DPO: reward accuracy and margin", [
             ("dpo", "rewards/accuracies", "accuracy"), ("dpo", "rewards/margins", "margin"),
@@ -60,10 +64,11 @@ def plot_curves(out: Path) -> Path:
         ], False),
     ]  # fmt: skip
     for ax, title, lines, log_scale in panels:
-        for run, key, label in lines:
+        for run, key, label, *offset in lines:
             rows = [r for r in runs[run] if r.get(key) is not None]
+            shift = offset[0] if offset else 0
             if rows:
-                ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=label)
+                ax.plot([shift + r["step"] for r in rows], [r[key] for r in rows], label=label)
         ax.set_title(title)
         ax.set_xlabel("optimizer step")
         if log_scale:
@@ -85,7 +90,6 @@ def main() -> None:
     console = Console()
     table = Table(title="Arithmetic test set (200 held-out problems)")
     table.add_column("model")
-    table.add_column("from")
     summaries = {}
     for name, _, _ in MODELS:
         path = args.out / f"grades-{name}.json"
@@ -99,19 +103,21 @@ def main() -> None:
         table.add_column(f"pass@{k}", justify="right")
     table.add_column("maj@n", justify="right")
     table.add_column("no answer", justify="right")
-    for name, label, origin in MODELS:
+    for name, label, _ in MODELS:
         s = summaries.get(name)
         if s is None:
             continue
         table.add_row(
             label,
-            origin,
             f"{100 * s['accuracy']:.1f}%",
             *[f"{100 * s['pass@k'][k]:.1f}%" for k in pass_keys],
             f"{100 * s.get('maj@n', 0.0):.1f}%",
             str(s.get("no_answer", "")),
         )
     console.print(table)
+    for name, label, origin in MODELS:
+        if name in summaries:
+            console.print(f"  {label + ':':12} {origin}")
     console.print(f"training curves: {plot_curves(args.out)}")
     if args.seconds is not None:
         console.print(f"total time: {args.seconds // 60} min {args.seconds % 60} s")
