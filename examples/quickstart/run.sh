@@ -14,6 +14,7 @@
 # 7. pt-train run      GRPO from the SFT model, rewarded by pt-eval's grader
 # 8. pt-rollout generate | pt-eval grade: every model on the held-out problems; a table
 #                      and the training curves as PNG
+# Steps 4-5 and 6-7 run side by side, as do the evaluations (two cores, one thread each).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -24,7 +25,7 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} TOKENIZERS_PARALLELISM=false
 export PATH="$HOME/.local/bin:$PATH"
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
+step() { printf '\n\033[1m== %s\033[0m  (%ds)\n' "$*" $(( $(date +%s) - started )) >&2; }
 started=$(date +%s)
 
 step "install (uv sync)"
@@ -47,35 +48,67 @@ step "3. pt-data build | pt-train run (SFT from random weights; the warm start a
 pt-data build "$HERE/data.yaml" | pt-train run "$HERE/sft.yaml" --data - > manifest-sft.json
 pt-train init "$HERE/sft.yaml" --out runs/untrained/inference/step-0 > manifest-untrained.json
 
-step "4. pt-train run: DFT and ASFT from the warm start"
-pt-train run "$HERE/finetune.yaml" --data data/sft > manifest-dft.json
-pt-train run "$HERE/finetune.yaml" run_name=asft objective.name=asft --data data/sft > manifest-asft.json
+# From here two lanes run side by side, one thread each (a model this small keeps a core
+# busy with Python more than with arithmetic); each lane's progress goes to logs/.
+mkdir -p logs
+lanes() {  # run the given functions side by side; if one fails, stop the others and fail
+    local names=("$@") pids=() i
+    for i in "${!names[@]}"; do
+        OMP_NUM_THREADS=1 "${names[$i]}" 2> "logs/${names[$i]}.log" &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        if ! wait "${pids[$i]}"; then
+            kill "${pids[@]}" 2> /dev/null || true
+            echo "error: ${names[$i]} failed; its log: $OUT/logs/${names[$i]}.log" >&2
+            exit 1
+        fi
+    done
+}
 
-step "5. pt-rollout generate | pt-eval grade | pt-data pairs | pt-train run (DPO)"
-pt-rollout generate --model - --prompts data/train-prompts --engine hf --n 4 \
-    --temperature 1.0 --max-tokens 40 --seed 1 --limit 600 --out rollouts/sft-train.jsonl \
-    < manifest-sft.json \
-    | pt-eval grade - --out grades/sft-train.jsonl \
-    | pt-data pairs - --out data/pairs \
-    | pt-train run "$HERE/dpo.yaml" --data - > manifest-dpo.json
+dft_asft_dpo() {
+    # 4. DFT and ASFT from the warm start
+    pt-train run "$HERE/finetune.yaml" --data data/sft > manifest-dft.json
+    pt-train run "$HERE/finetune.yaml" run_name=asft objective.name=asft --data data/sft \
+        > manifest-asft.json
+    # 5. DPO from the SFT model on pairs of its own graded samples
+    pt-rollout generate --model - --prompts data/train-prompts --engine hf --n 4 \
+        --temperature 1.0 --max-tokens 40 --seed 1 --limit 600 --out rollouts/sft-train.jsonl \
+        < manifest-sft.json \
+        | pt-eval grade - --out grades/sft-train.jsonl \
+        | pt-data pairs - --out data/pairs \
+        | pt-train run "$HERE/dpo.yaml" --data - > manifest-dpo.json
+}
 
-step "6. pt-train run (OPD: the warm start learns from the SFT model on its own samples)"
-pt-train run "$HERE/opd.yaml" > manifest-opd.json
+opd_grpo() {
+    # 6. OPD: the warm start learns from the SFT model on its own samples
+    pt-train run "$HERE/opd.yaml" > manifest-opd.json
+    # 7. GRPO from the SFT model, rewarded by pt-eval
+    pt-train run "$HERE/grpo.yaml" > manifest-grpo.json
+}
 
-step "7. pt-train run (GRPO from the SFT model, rewarded by pt-eval)"
-pt-train run "$HERE/grpo.yaml" > manifest-grpo.json
+step "4-7. DFT, ASFT | pt-rollout generate | pt-eval grade | pt-data pairs | pt-train run (DPO)"
+step "     alongside: pt-train run (OPD), pt-train run (GRPO)   [progress: logs/]"
+lanes dft_asft_dpo opd_grpo
 
-for name in untrained base sft dft asft dpo opd grpo; do
-    step "8. pt-rollout generate | pt-eval grade ($name)"
-    case $name in
-        base) model=runs/sft/inference/step-120 ;;  # the warm start: step 120 of the SFT run
-        *) model=$(path_of "manifest-$name.json") ;;
-    esac
-    pt-rollout generate --model "$model" --prompts data/test-prompts \
-        --engine hf --n "$SAMPLES" --temperature 0.6 --max-tokens 40 --seed 0 \
-        --out "rollouts/$name.jsonl" \
-        | pt-eval grade - --out "grades/$name.jsonl" > "grades-$name.json"
-done
+evaluate() {  # 8. sample the held-out problems with each model given, grade them
+    local name model
+    for name in "$@"; do
+        case $name in
+            base) model=runs/sft/inference/step-120 ;;  # the warm start: step 120 of the SFT run
+            *) model=$(path_of "manifest-$name.json") ;;
+        esac
+        pt-rollout generate --model "$model" --prompts data/test-prompts \
+            --engine hf --n "$SAMPLES" --temperature 0.6 --max-tokens 40 --seed 0 \
+            --out "rollouts/$name.jsonl" \
+            | pt-eval grade - --out "grades/$name.jsonl" > "grades-$name.json"
+    done
+}
+eval_a() { evaluate untrained sft asft opd; }
+eval_b() { evaluate base dft dpo grpo; }
+
+step "8. pt-rollout generate | pt-eval grade (every model)   [progress: logs/]"
+lanes eval_a eval_b
 
 step "report"
 python3 "$HERE/report.py" "$OUT" --seconds $(( $(date +%s) - started ))
