@@ -31,11 +31,16 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_vs_trl import run_measured  # noqa: E402
+from train_vs_trl import (  # noqa: E402
+    TRL_CPU_ARGS,
+    bench_env,
+    run_measured,
+    step_timer,
+    trl_child_cmd,
+)
 
 PAIRS_PER_STEP = 8
 HIDDEN, LAYERS, HEADS = 256, 4, 4
@@ -117,7 +122,7 @@ def prepare(workdir: Path, steps: int) -> dict:
 def run_trl(workdir: Path, steps: int) -> dict:
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
@@ -128,14 +133,8 @@ def run_trl(workdir: Path, steps: int) -> dict:
     dataset = datasets.Dataset.from_list(rows)
     step_times: list[float] = []
 
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            step_times.append(time.perf_counter() - self.t0)
-
     config = DPOConfig(
+        **TRL_CPU_ARGS,
         output_dir=str(workdir / "trl"),
         max_steps=steps,
         per_device_train_batch_size=PAIRS_PER_STEP,
@@ -148,13 +147,6 @@ def run_trl(workdir: Path, steps: int) -> dict:
         weight_decay=0.0,
         max_grad_norm=1.0,
         logging_steps=10,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
         precompute_ref_log_probs=False,
     )
     trainer = DPOTrainer(
@@ -162,7 +154,7 @@ def run_trl(workdir: Path, steps: int) -> dict:
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[Timer()],
+        callbacks=[step_timer(step_times)],
     )
     trainer.train()
     return {"step_times": step_times}
@@ -203,12 +195,9 @@ def child_trl(workdir: Path, steps: int, threads: int) -> None:
 
 
 def measure(which: str, workdir: Path, steps: int, threads: int) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    env = bench_env(threads)
     if which == "trl":
-        cmd = [sys.executable, __file__, "--child", "trl", "--workdir", str(workdir),
-               "--steps", str(steps), "--threads", str(threads)]  # fmt: skip
+        cmd = trl_child_cmd(__file__, workdir, steps, threads)
     else:
         config = write_pt_train_config(workdir, steps)
         shutil.rmtree(workdir / "runs" / "pt-train", ignore_errors=True)  # train, not resume

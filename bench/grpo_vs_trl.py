@@ -28,11 +28,16 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_vs_trl import run_measured  # noqa: E402
+from train_vs_trl import (  # noqa: E402
+    TRL_CPU_ARGS,
+    bench_env,
+    run_measured,
+    step_timer,
+    trl_child_cmd,
+)
 
 PROMPTS_PER_STEP = 4
 GENERATIONS = 8
@@ -104,7 +109,7 @@ def pt_eval_reward(completions, answer, **_):
 def run_trl(workdir: Path, steps: int) -> dict:
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
@@ -116,14 +121,8 @@ def run_trl(workdir: Path, steps: int) -> dict:
     )  # fmt: skip
     step_times: list[float] = []
 
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            step_times.append(time.perf_counter() - self.t0)
-
     config = GRPOConfig(
+        **TRL_CPU_ARGS,
         output_dir=str(workdir / "trl"),
         max_steps=steps,
         per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
@@ -135,14 +134,7 @@ def run_trl(workdir: Path, steps: int) -> dict:
         lr_scheduler_type="constant",
         beta=0.0,
         loss_type="dapo",
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        seed=0,
         logging_steps=100,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
     )
     trainer = GRPOTrainer(
         model=model,
@@ -150,7 +142,7 @@ def run_trl(workdir: Path, steps: int) -> dict:
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[Timer()],
+        callbacks=[step_timer(step_times)],
     )
     trainer.train()
     return {"step_times": step_times}
@@ -195,12 +187,9 @@ def child_trl(workdir: Path, steps: int, threads: int) -> None:
 
 
 def measure(which: str, workdir: Path, steps: int, threads: int) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    env = bench_env(threads)
     if which == "trl":
-        cmd = [sys.executable, __file__, "--child", "trl", "--workdir", str(workdir),
-               "--steps", str(steps), "--threads", str(threads)]  # fmt: skip
+        cmd = trl_child_cmd(__file__, workdir, steps, threads)
     else:
         config = pt_config(workdir, steps)
         cmd = [os.path.join(os.path.dirname(sys.executable), "pt-train"), "-q", "run", str(config)]

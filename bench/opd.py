@@ -39,7 +39,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_vs_trl import run_measured  # noqa: E402
+from train_vs_trl import (  # noqa: E402
+    TRL_CPU_ARGS,
+    bench_env,
+    run_measured,
+    step_timer,
+    trl_child_cmd,
+)
 
 PROMPTS_PER_STEP = 16
 MAX_NEW_TOKENS = 48
@@ -73,7 +79,7 @@ def prepare(workdir: Path, steps: int) -> None:
 def run_trl(workdir: Path, steps: int) -> dict:
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.experimental.gkd import GKDConfig, GKDTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(workdir / "student")
@@ -92,19 +98,13 @@ def run_trl(workdir: Path, steps: int) -> dict:
     step_times: list[float] = []
     step_tokens: list[int] = []
 
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            step_times.append(time.perf_counter() - self.t0)
-
     class Counting(GKDTrainer):
         def compute_loss(self, model, inputs, *args, **kwargs):
             step_tokens.append(int((inputs["labels"] != -100).sum()))
             return super().compute_loss(model, inputs, *args, **kwargs)
 
     config = GKDConfig(
+        **TRL_CPU_ARGS,
         output_dir=str(workdir / "trl"),
         max_steps=steps,
         per_device_train_batch_size=PROMPTS_PER_STEP,
@@ -115,14 +115,7 @@ def run_trl(workdir: Path, steps: int) -> dict:
         beta=BETA,
         temperature=1.0,
         max_new_tokens=MAX_NEW_TOKENS,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        seed=0,
         logging_steps=100,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
     )
     trainer = Counting(
         model=student,
@@ -130,7 +123,7 @@ def run_trl(workdir: Path, steps: int) -> dict:
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[Timer()],
+        callbacks=[step_timer(step_times)],
     )
     trainer.train()
     return {"step_times": step_times, "step_tokens": step_tokens}
@@ -182,12 +175,9 @@ def child_trl(workdir: Path, steps: int, threads: int) -> None:
 
 
 def measure(which: str, workdir: Path, steps: int, threads: int, **rollout) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    env = bench_env(threads)
     if which == "trl":
-        cmd = [sys.executable, __file__, "--child", "trl", "--workdir", str(workdir),
-               "--steps", str(steps), "--threads", str(threads)]  # fmt: skip
+        cmd = trl_child_cmd(__file__, workdir, steps, threads)
     else:
         config = pt_config(workdir, which, steps, **rollout)
         cmd = [os.path.join(os.path.dirname(sys.executable), "pt-train"), "-q", "run", str(config)]

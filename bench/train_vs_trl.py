@@ -95,7 +95,7 @@ def prepare(workdir: Path, steps: int) -> dict:
 def run_trl(workdir: Path, steps: int) -> dict:
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
@@ -107,13 +107,6 @@ def run_trl(workdir: Path, steps: int) -> dict:
     step_times: list[float] = []
     step_tokens: list[int] = []
 
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            step_times.append(time.perf_counter() - self.t0)
-
     class CountingSFT(SFTTrainer):
         def training_step(self, model, inputs, *args, **kwargs):
             mask = inputs.get("attention_mask")
@@ -123,6 +116,7 @@ def run_trl(workdir: Path, steps: int) -> dict:
             return super().training_step(model, inputs, *args, **kwargs)
 
     config = SFTConfig(
+        **TRL_CPU_ARGS,
         output_dir=str(workdir / "trl"),
         max_steps=steps,
         per_device_train_batch_size=MICRO_BATCH,
@@ -133,22 +127,15 @@ def run_trl(workdir: Path, steps: int) -> dict:
         weight_decay=0.0,
         max_grad_norm=1.0,
         logging_steps=10,
-        save_strategy="no",
-        report_to=[],
         packing=True,
         max_length=SEQ_LEN,
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
     )
     trainer = CountingSFT(
         model=model,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[Timer()],
+        callbacks=[step_timer(step_times)],
     )
     trainer.train()
     return {"step_times": step_times, "step_tokens": step_tokens}
@@ -188,6 +175,46 @@ def child_trl(workdir: Path, steps: int, threads: int) -> None:
     print(json.dumps(result))
 
 
+# What every peer-vs-pt bench shares: TRL's trainers on the CPU without saving, logging
+# backends, workers or bars; the environment of a measured process; the command of the TRL
+# child; and a callback timing each optimizer step.
+TRL_CPU_ARGS = dict(
+    save_strategy="no",
+    report_to=[],
+    use_cpu=True,
+    bf16=False,
+    seed=0,
+    dataloader_num_workers=0,
+    disable_tqdm=True,
+)
+
+
+def bench_env(threads: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    return env
+
+
+def trl_child_cmd(script: str, workdir: Path, steps: int, threads: int) -> list[str]:
+    return [sys.executable, script, "--child", "trl", "--workdir", str(workdir),
+            "--steps", str(steps), "--threads", str(threads)]  # fmt: skip
+
+
+def step_timer(step_times: list[float]):
+    """A TrainerCallback appending each optimizer step's wall time to ``step_times``."""
+    from transformers import TrainerCallback
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            step_times.append(time.perf_counter() - self.t0)
+
+    return Timer()
+
+
 def run_measured(cmd: list[str], env: dict) -> tuple[int, str, str, float]:
     """Run ``cmd``; return its exit code, stdout, stderr and peak RSS in MB: the largest
     resident set of the process (or of any process it waited for) over its whole life,
@@ -203,12 +230,9 @@ def run_measured(cmd: list[str], env: dict) -> tuple[int, str, str, float]:
 
 def measure(which: str, workdir: Path, steps: int, threads: int) -> dict:
     """One run of one trainer in its own process: per-step times and tokens, peak RSS."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    env = bench_env(threads)
     if which == "trl":
-        cmd = [sys.executable, __file__, "--child", "trl", "--workdir", str(workdir),
-               "--steps", str(steps), "--threads", str(threads)]  # fmt: skip
+        cmd = trl_child_cmd(__file__, workdir, steps, threads)
     else:
         config = write_pt_train_config(workdir, steps)
         shutil.rmtree(workdir / "runs" / "pt-train", ignore_errors=True)  # train, not resume
