@@ -190,9 +190,11 @@ def _malformed_line_hint() -> str:
     return "fix or remove that line"
 
 
-def _iter_json_array(f: Path) -> Iterator[dict]:
+def json_array_rows(text: str, f: Path) -> list[dict]:
+    """The rows of a JSON file's text: an array of objects, or one object; anything else is
+    an input error naming ``f`` (and the line, for malformed JSON)."""
     try:
-        data = json.loads(f.read_text(encoding="utf-8"))
+        data = json.loads(text)
     except ValueError as exc:
         raise InputError(f"{f}:{getattr(exc, 'lineno', '?')}: malformed JSON ({exc})") from None
     if isinstance(data, dict):
@@ -202,7 +204,11 @@ def _iter_json_array(f: Path) -> Iterator[dict]:
     for i, row in enumerate(data):
         if not isinstance(row, dict):
             raise InputError(f"{f}: element {i} is {type(row).__name__}, expected an object")
-        yield row
+    return data
+
+
+def _iter_json_array(f: Path) -> Iterator[dict]:
+    yield from json_array_rows(f.read_text(encoding="utf-8"), f)
 
 
 def _iter_parquet(f: Path, batch_size: int = 1024) -> Iterator[dict]:

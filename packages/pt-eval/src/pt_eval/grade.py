@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pt_core.errors import InputError
-from pt_core.files import atomic_path, iter_rows, row_files, split_path, write_rows
+from pt_core.files import (
+    atomic_path,
+    iter_rows,
+    json_array_rows,
+    row_files,
+    split_path,
+    write_rows,
+)
 from pt_core.log import get_logger, progress
 from pt_eval.extract import gold_answer
 from pt_eval.item import CORRECT_KEY
@@ -397,17 +404,7 @@ def _json_rows(f: Path) -> list[dict]:
             f"{f}:{lineno}: byte 0x{data[exc.start]:02x} is not UTF-8",
             hint="re-encode the file as UTF-8",
         ) from None
-    try:
-        obj = json.loads(text)
-    except ValueError as exc:
-        raise InputError(f"{f}:{getattr(exc, 'lineno', '?')}: malformed JSON ({exc})") from None
-    if isinstance(obj, dict):
-        obj = [obj]
-    if not isinstance(obj, list):
-        raise InputError(f"{f}: expected a JSON array of objects, got {type(obj).__name__}")
-    for index, row in enumerate(obj):
-        if not isinstance(row, dict):
-            raise InputError(f"{f}: element {index} is {type(row).__name__}, expected an object")
+    obj = json_array_rows(text, f)
     if _SURROGATE_ESCAPE.search(text):
         for index, row in enumerate(obj):
             _check_text(row, f"{f}: element {index}")
