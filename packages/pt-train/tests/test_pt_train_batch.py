@@ -236,3 +236,80 @@ def test_pack_in_order_keeps_the_order_of_sequences():
     assert [len(r) for r in packed] == [7, 7, 9]
     assert collate(packed, 0).num_sequences == 5
     assert np.array_equal(packed[0].position_ids, [0, 1, 2, 0, 1, 2, 3])
+
+
+def test_block_causal_mask_shows_a_shared_prefix_to_every_sequence():
+    # prefix of 2 tokens, then two segments continuing at position 2
+    positions = torch.tensor([[0, 1, 2, 3, 2, 3, 4]])
+    mask = block_causal_mask(positions, as_bool=True, shared_prefix=torch.tensor([2]))
+    expected = [
+        [1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 1, 0],
+        [1, 1, 0, 0, 1, 1, 1],
+    ]
+    assert mask[0, 0].int().tolist() == expected
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_shared_prompt_rows_give_each_samples_own_log_probs_and_gradient(tiny_tokenizer, attn):
+    """Completions of one prompt laid out in one row that holds the prompt once: the
+    trained targets, sequences and per-token data keep the samples' order, and the
+    log-probs and the gradient are those of one row per sample."""
+    from pt_train.model import build_llama
+    from pt_train.producers.rollouts import RolloutSample, rollout_batch, shared_prompt_rows
+
+    model = build_llama(tiny_tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=0)
+    model.set_attn_implementation(attn)
+    install_token_head(model)
+    g = torch.Generator().manual_seed(3)
+
+    def ids(n):
+        return torch.randint(10, len(tiny_tokenizer), (n,), generator=g).numpy()
+
+    p, q = ids(11), ids(1)  # a prompt of one token shares nothing
+    completions = [ids(n) for n in (5, 9, 1, 7, 4, 6)]
+    prompts = [p, p, p, ids(8), q, q]
+    samples = [
+        RolloutSample(pr, c, {"rollout_logps": -np.arange(len(c), dtype=np.float64) - k})
+        for k, (pr, c) in enumerate(zip(prompts, completions, strict=True))
+    ]
+    rows = shared_prompt_rows(samples)
+    assert [r.shared_prefix for r in rows] == [10, 0, 0]
+    assert [len(r) for r in rows] == [10 + 6 + 10 + 2, 8 + 7, 0 + 5 + 7]
+    # at most 26 tokens a row: the third completion of p gets a row of its own
+    assert [len(r) for r in shared_prompt_rows(samples, 26)] == [10 + 6 + 10, 11 + 1, 8 + 7, 12]
+    results = []
+    for shared in (False, True):
+        batch = rollout_batch(
+            samples, tiny_tokenizer.pad_token_id, attn, shared_prompt_length=64 if shared else None
+        )
+        assert batch.input_ids.shape[0] == (3 if shared else 6)
+        assert batch.num_sequences == 6
+        model.zero_grad()
+        out = model(**batch.model_inputs("cpu", torch.float32), head=HeadRequest(batch.targets))
+        (out.token_logps * torch.arange(1, batch.num_trained + 1)).sum().backward()
+        results.append(
+            (
+                batch.targets[batch.targets != -100],
+                batch.token_sequence,
+                batch.data["rollout_logps"],
+                out.token_logps.detach(),
+                model.model.layers[0].self_attn.q_proj.weight.grad.clone(),
+            )
+        )
+    (t0, s0, d0, lp0, g0), (t1, s1, d1, lp1, g1) = results
+    assert torch.equal(t0, t1) and t0.tolist() == np.concatenate(completions).tolist()
+    assert torch.equal(s0, s1) and torch.equal(d0, d1)
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=0)
+    torch.testing.assert_close(g1, g0, atol=1e-5, rtol=1e-4)
+
+
+def test_collate_refuses_a_shared_prefix_without_a_dense_mask():
+    row = Row(np.array([1, 2, 3, 2, 3]), np.array([-100, -100, 7, -100, 7]),
+              np.array([0, 1, 2, 1, 2]), shared_prefix=1)  # fmt: skip
+    with pytest.raises(ValueError, match="dense mask"):
+        collate([row], 0, "flash_attention_2")

@@ -9,6 +9,10 @@ Padding forms its own sequence (positions restart at 0 there) with no loss, so a
 token never attends to it and no padded query row is empty. ``flash_attention_2`` finds
 the sequences from ``position_ids`` (varlen); sdpa and eager get an explicit
 block-diagonal causal mask (batch, 1, seq, seq).
+
+With such a mask a row may also hold a shared prefix: its first ``shared_prefix`` tokens
+are seen by every sequence of the row, so completions sampled from one prompt can hold the
+prompt once (:func:`pt_train.producers.rollouts.shared_prompt_rows`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ class Row:
     input_ids: np.ndarray  # (len,) int64
     labels: np.ndarray  # (len,) int64, IGNORE_INDEX where no loss
     position_ids: np.ndarray  # (len,) restarting at 0 for every packed sequence
+    # Leading tokens every sequence of the row attends to (a prompt its sequences share;
+    # their positions continue from it). Needs the dense mask of sdpa or eager.
+    shared_prefix: int = 0
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -99,11 +106,15 @@ def collate(
         sequences += int(starts.sum())
     targets = shift_targets(labels, position_ids)
     trained = targets != IGNORE_INDEX
-    mask = (
-        None
-        if attn_implementation == "flash_attention_2"
-        else block_causal_mask(position_ids, as_bool=attn_implementation == "sdpa")
-    )
+    prefix = torch.tensor([r.shared_prefix for r in rows], dtype=torch.long)
+    if attn_implementation == "flash_attention_2":
+        if prefix.any():
+            raise ValueError("a shared prefix needs a dense mask (sdpa or eager attention)")
+        mask = None
+    else:
+        mask = block_causal_mask(
+            position_ids, as_bool=attn_implementation == "sdpa", shared_prefix=prefix
+        )
     return Batch(
         input_ids=input_ids,
         position_ids=position_ids,
@@ -137,13 +148,19 @@ def sequence_starts(position_ids: torch.Tensor) -> torch.Tensor:
     return starts
 
 
-def block_causal_mask(position_ids: torch.Tensor, *, as_bool: bool) -> torch.Tensor:
+def block_causal_mask(
+    position_ids: torch.Tensor, *, as_bool: bool, shared_prefix: torch.Tensor | None = None
+) -> torch.Tensor:
     """(batch, seq) positions -> (batch, 1, seq, seq) mask: query q sees key k when both
-    are in the same packed sequence and k <= q. Bool (True = attend) for sdpa, additive
+    are in the same packed sequence and k <= q, or when k is in the row's shared prefix
+    (its first ``shared_prefix[row]`` tokens). Bool (True = attend) for sdpa, additive
     float (0 / -inf-like) for eager attention."""
     seq = position_ids.shape[1]
     seq_id = sequence_starts(position_ids).long().cumsum(-1)  # (batch, seq)
     same = seq_id[:, :, None] == seq_id[:, None, :]  # (batch, seq, seq)
+    if shared_prefix is not None and bool(shared_prefix.any()):
+        in_prefix = torch.arange(seq)[None, :] < shared_prefix[:, None]  # (batch, seq) keys
+        same = same | in_prefix[:, None, :]
     causal = torch.ones(seq, seq, dtype=torch.bool).tril()
     mask = (same & causal)[:, None]  # (batch, 1, seq, seq)
     if as_bool:

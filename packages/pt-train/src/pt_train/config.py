@@ -103,6 +103,10 @@ class DataConfig(Section):
     # Rows of at most this many tokens: conversations are tokenized (and packed) to it here
     # with pt-data's code, and the sequences of preference pairs are packed into rows of it.
     max_seq_length: int = Field(2048, gt=0)
+    # Rollouts (OPD, GRPO): consecutive samples of one prompt (a GRPO group) train in rows
+    # that hold the prompt once, of at most max_seq_length tokens; sdpa and eager attention
+    # (flash_attention_2 packs sequences instead).
+    shared_prompt: bool = True
     # Used only when the data are conversations (not tokenized):
     packing: bool = True
     train_on: Literal["assistant", "last"] = "assistant"

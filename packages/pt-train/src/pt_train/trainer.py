@@ -326,7 +326,11 @@ class Trainer:
 
             samples = load_rollouts(cfg.data, cfg.data.path, self.objective.required_columns())
             return rollouts_producer(
-                samples, **common, max_seq_length=cfg.data.max_seq_length, **sampling
+                samples,
+                **common,
+                max_seq_length=cfg.data.max_seq_length,
+                shared_prompt=cfg.data.shared_prompt,
+                **sampling,
             )
         pairs = load_pairs(cfg.data, cfg.data.path, self.tokenizer)
         producer = pairs_producer(

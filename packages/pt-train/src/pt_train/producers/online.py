@@ -160,8 +160,9 @@ class OnlineProducer(Producer):
     def _batches(self, rows: list[dict], where: str) -> list[Batch]:
         columns = [c for c in (*TOKEN_COLUMNS, *SEQUENCE_COLUMNS) if c in rows[0]]
         samples = [sample_from_row(row, f"{where} row {i}", columns) for i, row in enumerate(rows)]
+        data = self.cfg.data
         pack = (
-            self.cfg.data.max_seq_length
+            data.max_seq_length
             if self.cfg.model.attn_implementation == "flash_attention_2"
             else None
         )
@@ -171,6 +172,7 @@ class OnlineProducer(Producer):
                 self.tokenizer.pad_token_id,
                 self.cfg.model.attn_implementation,
                 pack,
+                data.max_seq_length if data.shared_prompt else None,
             )
             for i in range(0, len(samples), self.micro_batch_size)
         ]

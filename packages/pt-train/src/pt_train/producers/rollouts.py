@@ -7,6 +7,13 @@ generated it). :func:`rollout_batch` lays a micro-batch of them out for the trai
 per-token arrays are concatenated in the order of the batch's trained tokens, so
 ``batch.data["teacher_token_logps"][i]`` belongs to trained token ``i``.
 
+Completions of one prompt that follow each other in a micro-batch (a GRPO group, the n
+samples of a prompt) can share a row that holds the prompt once
+(:func:`shared_prompt_rows`), as Prefix Grouper does for GRPO (Liu et al. 2025, "Prefix
+Grouper: Efficient GRPO Training through Shared-Prefix Forward", arXiv 2506.05433): each
+completion attends to the prompt and to itself, so its log-probs are those of its own
+row, and the prompt is computed once instead of once per sample.
+
 Piped (``pt-rollout generate | pt-rollout score ... | pt-train run opd.yaml --data -``) the
 rows come from a file and are sampled by step like any fixed data; the online loop
 (:mod:`pt_train.producers.online`) makes them round by round.
@@ -61,6 +68,61 @@ class RolloutSample:
 
     def __len__(self) -> int:
         return len(self.prompt) + len(self.completion)
+
+
+def shared_prompt_rows(samples: list[RolloutSample], max_length: int | None = None) -> list[Row]:
+    """A row per run of consecutive samples with the same prompt, the prompt held once
+    (a run is split into rows of at most ``max_length`` tokens, each with the prompt).
+
+    The row is the prompt's first ``P - 1`` tokens (the shared prefix) followed by one
+    segment per completion: the prompt's last token, whose output predicts the
+    completion's first token, then the completion, at positions ``P - 1`` onwards. Each
+    segment attends to the prefix and to itself (:func:`pt_train.batch.block_causal_mask`),
+    which is the attention of the sample's own row; its trained targets, sequences and
+    per-token data keep the order of the samples.
+    """
+    runs: list[list[RolloutSample]] = []
+    for sample in samples:
+        if runs and np.array_equal(runs[-1][0].prompt, sample.prompt):
+            runs[-1].append(sample)
+        else:
+            runs.append([sample])
+    rows: list[Row] = []
+    for run in runs:
+        prompt = run[0].prompt
+        start = len(prompt) - 1
+        groups: list[list[RolloutSample]] = []
+        length = 0
+        for sample in run:
+            segment = len(sample.completion) + 1
+            if not groups or (max_length and length + segment > max_length):
+                groups.append([])
+                length = start
+            groups[-1].append(sample)
+            length += segment
+        for group in groups:
+            if len(group) == 1:
+                rows.append(group[0].row())
+                continue
+            ids, labels, positions = (
+                [prompt[:-1]],
+                [np.full(start, IGNORE_INDEX)],
+                [np.arange(start)],
+            )
+            for sample in group:
+                n = len(sample.completion)
+                ids.append(np.concatenate([prompt[-1:], sample.completion]))
+                labels.append(np.concatenate([[IGNORE_INDEX], sample.completion]))
+                positions.append(np.arange(start, start + n + 1))
+            rows.append(
+                Row(
+                    np.concatenate(ids).astype(np.int64),
+                    np.concatenate(labels).astype(np.int64),
+                    np.concatenate(positions).astype(np.int64),
+                    shared_prefix=start,
+                )
+            )
+    return rows
 
 
 def sample_from_row(row: dict, where: str, columns: Sequence[str] = ()) -> RolloutSample:
@@ -136,11 +198,17 @@ def rollout_batch(
     pad_token_id: int,
     attn_implementation: str = "sdpa",
     pack_length: int | None = None,
+    shared_prompt_length: int | None = None,
 ) -> Batch:
     """One micro-batch of samples: a row per sequence, or with ``pack_length`` the
-    sequences packed in order into rows of at most that many tokens; the per-token and
-    per-sequence data laid out in the order of the batch's trained tokens and sequences."""
-    rows = [s.row() for s in samples]
+    sequences packed in order into rows of at most that many tokens, or with
+    ``shared_prompt_length`` (sdpa and eager attention) the samples of one prompt in rows
+    of at most that many tokens that hold the prompt once; the per-token and per-sequence
+    data laid out in the order of the batch's trained tokens and sequences."""
+    if shared_prompt_length and attn_implementation != "flash_attention_2":
+        rows = shared_prompt_rows(samples, shared_prompt_length)
+    else:
+        rows = [s.row() for s in samples]
     if pack_length:
         rows = pack_in_order(rows, pack_length)
     data: dict[str, torch.Tensor] = {}
@@ -157,13 +225,18 @@ def rollouts_producer(
     pad_token_id: int,
     attn_implementation: str,
     max_seq_length: int,
+    shared_prompt: bool = True,
     **sampling,
 ) -> FixedData:
     # Packing is free with flash_attention_2's variable-length kernel; with the dense masks
-    # of sdpa and eager it would cost the square of the row length (see pairs_producer).
+    # of sdpa and eager it would cost the square of the row length (see pairs_producer),
+    # but samples of one prompt that meet in a micro-batch can share it.
     pack = max_seq_length if attn_implementation == "flash_attention_2" else None
+    shared = max_seq_length if shared_prompt else None
 
     def to_batch(indices: list[int]) -> Batch:
-        return rollout_batch([samples[i] for i in indices], pad_token_id, attn_implementation, pack)
+        return rollout_batch(
+            [samples[i] for i in indices], pad_token_id, attn_implementation, pack, shared
+        )
 
     return FixedData(samples, to_batch, **sampling)
