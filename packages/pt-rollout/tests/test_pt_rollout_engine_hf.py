@@ -78,23 +78,29 @@ def test_sampling_is_reproducible_per_request_seed_whatever_the_batch(engine):
 def test_seeded_sampling_draws_what_torch_multinomial_draws_with_each_seed(engine):
     """A seeded request's token at each step is torch.multinomial's single draw from the
     distribution sampled from, with a generator seeded by the request's seed (drawn once a
-    step), whatever the other rows of the batch."""
+    step), whatever the other rows of the batch, and whether the engine draws the noise
+    one step at a time or several (here 1, 3 and 20 steps a block)."""
+    from pt_rollout.engines.hf import SeededNoise
+
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 300, generator=g) * 3
     params = SamplingParams(temperature=0.7, top_p=0.9)
     seeds = [11, 12, 13, 14, 15]
-    mine = [torch.Generator().manual_seed(s) for s in seeds]
-    theirs = [torch.Generator().manual_seed(s) for s in seeds]
     probs = torch.softmax(logits / 0.7, -1)
     sorted_probs, sorted_ids = probs.sort(-1, descending=True)
     kept = sorted_probs.masked_fill(sorted_probs.cumsum(-1) - sorted_probs >= 0.9, 0.0)
     nucleus = torch.zeros_like(probs).scatter(-1, sorted_ids, kept)
     nucleus = nucleus / nucleus.sum(-1, keepdim=True)
-    for _ in range(20):  # 20 steps: each generator moves on by one draw a step
-        chosen, logps = engine._sample(logits, params, mine, list(range(5)))
-        want = [int(torch.multinomial(nucleus[i], 1, generator=theirs[i])) for i in range(5)]
-        assert chosen.tolist() == want
-        torch.testing.assert_close(logps, nucleus[range(5), want].log())
+    for steps_a_block in (1, 3, 20):
+        mine = [torch.Generator().manual_seed(s) for s in seeds]
+        theirs = [torch.Generator().manual_seed(s) for s in seeds]
+        noise = SeededNoise(mine, 300, 20, "cpu", budget=steps_a_block * 5 * 300)
+        assert noise.k == steps_a_block
+        for _ in range(20):  # 20 steps: each generator moves on by one draw a step
+            chosen, logps = engine._sample(logits, params, noise, list(range(5)))
+            want = [int(torch.multinomial(nucleus[i], 1, generator=theirs[i])) for i in range(5)]
+            assert chosen.tolist() == want
+            torch.testing.assert_close(logps, nucleus[range(5), want].log())
 
 
 def test_logprobs_of_sampled_tokens_are_the_models(engine):

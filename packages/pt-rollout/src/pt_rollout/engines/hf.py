@@ -127,9 +127,14 @@ class HFEngine(Engine):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         next_position = mask.sum(-1, keepdim=True)  # [A, 1]
         budgets = [min(params.max_tokens, self.max_model_len - n) for n in lengths]
-        generators = None
+        noise = None
         if not params.greedy and params.seeded:
-            generators = [torch.Generator(device=dev).manual_seed(r.seed) for r in requests]
+            noise = SeededNoise(
+                [torch.Generator(device=dev).manual_seed(r.seed) for r in requests],
+                int(self.model.config.vocab_size),
+                max(budgets),
+                dev,
+            )
         stop_ids = set(params.stop_token_ids)
         stop_window = max((len(s) for s in params.stop), default=0) + 8
 
@@ -147,7 +152,7 @@ class HFEngine(Engine):
             cache = out[self._cache_arg]
             logits = out.logits[:, -1, :].float()  # [A, V]
             while True:
-                chosen, sampled_logprobs = self._sample(logits, params, generators, active)  # [A]
+                chosen, sampled_logprobs = self._sample(logits, params, noise, active)  # [A]
                 chosen_logprobs = topk = raw = None
                 if params.logprobs_top_k or (params.logprobs and params.logprobs_mode == "raw"):
                     raw = torch.log_softmax(logits, -1)
@@ -206,10 +211,10 @@ class HFEngine(Engine):
             for i in range(len(requests))
         ]
 
-    def _sample(self, logits, params: SamplingParams, generators, active: list[int]):
+    def _sample(self, logits, params: SamplingParams, noise: SeededNoise | None, active: list[int]):
         """[A] sampled tokens and their log-probs under the distribution sampled from
-        (temperature, then top-p renormalised), from each request's own generator or, for
-        unseeded requests, from the engine's one."""
+        (temperature, then top-p renormalised), from each request's own generator
+        (``noise``) or, for unseeded requests, from the engine's one."""
         import torch
 
         if params.greedy:
@@ -223,7 +228,7 @@ class HFEngine(Engine):
             sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, sorted_ids, sorted_probs)
             probs = probs / probs.sum(-1, keepdim=True)
-        if generators is None:
+        if noise is None:
             chosen = torch.multinomial(probs, 1, generator=self._batch_generator)[:, 0]
         else:
             # torch.multinomial draws one sample as argmax(p / q), q ~ Exp(1) from the given
@@ -232,10 +237,7 @@ class HFEngine(Engine):
             # check) per row.
             if not bool(torch.isfinite(probs).all()):
                 raise ValueError("probability tensor contains either inf, nan or element < 0")
-            noise = torch.empty_like(probs)
-            for row, i in enumerate(active):
-                noise[row].exponential_(1, generator=generators[i])
-            chosen = (probs / noise).argmax(-1)
+            chosen = (probs / noise.next(active).to(probs.dtype)).argmax(-1)
         return chosen, probs.gather(-1, chosen[:, None])[:, 0].log()
 
     def _hits_stop(self, token_ids: list[int], stop: tuple[str, ...], window: int) -> bool:
@@ -356,3 +358,33 @@ class HFEngine(Engine):
                 f"{path}: weights do not fit the model (missing {missing[:3]}, "
                 f"unexpected {unexpected[:3]})"
             )
+
+
+class SeededNoise:
+    """The Exp(1) noise of each request's own generator for every sampling step, drawn
+    several steps at a time: one fill of a request's ``[k, vocab]`` block instead of k
+    fills of ``[vocab]``, which on the CPU draws the same numbers in the same order (so
+    the tokens are those of one draw per step). Blocks hold at most ``budget`` floats
+    for the whole batch."""
+
+    def __init__(self, generators, vocab: int, steps: int, device, budget: int = 2**24):
+        import torch
+
+        self.generators = generators
+        self.k = max(1, min(steps, budget // max(1, len(generators) * vocab)))
+        self.block = torch.empty((len(generators), self.k, vocab), device=device)
+        self.step = 0
+        self._rows: tuple[list[int], object] | None = None
+
+    def next(self, active: list[int]):
+        """[A, vocab] noise of this step for the requests ``active`` (row order)."""
+        import torch
+
+        j = self.step % self.k
+        if j == 0:
+            for i in active:
+                self.block[i].exponential_(1, generator=self.generators[i])
+        self.step += 1
+        if self._rows is None or self._rows[0] is not active:
+            self._rows = (active, torch.tensor(active, device=self.block.device))
+        return self.block[self._rows[1], j]
