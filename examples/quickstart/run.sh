@@ -14,7 +14,7 @@
 # 7. pt-train run      GRPO from the SFT model, rewarded by pt-eval's grader
 # 8. pt-rollout generate | pt-eval grade: every model on the held-out problems; a table
 #                      and the training curves as PNG
-# Steps 4-5 and 6-7 run side by side, as do the evaluations (two cores, one thread each).
+# Step 4 and steps 5-7 run side by side, as do the evaluations (two cores, one thread each).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -66,11 +66,14 @@ lanes() {  # run the given functions side by side; if one fails, stop the others
     done
 }
 
-dft_asft_dpo() {
+dft_asft() {
     # 4. DFT and ASFT from the warm start
     pt-train run "$HERE/finetune.yaml" --data data/sft > manifest-dft.json
-    pt-train run "$HERE/finetune.yaml" run_name=asft objective.name=asft --data data/sft \
-        > manifest-asft.json
+    pt-train run "$HERE/finetune.yaml" run_name=asft objective.name=asft \
+        training.learning_rate=6e-4 --data data/sft > manifest-asft.json
+}
+
+dpo_opd_grpo() {
     # 5. DPO from the SFT model on pairs of its own graded samples
     pt-rollout generate --model - --prompts data/train-prompts --engine hf --n 4 \
         --temperature 1.0 --max-tokens 40 --seed 1 --limit 600 --out rollouts/sft-train.jsonl \
@@ -78,18 +81,15 @@ dft_asft_dpo() {
         | pt-eval grade - --out grades/sft-train.jsonl \
         | pt-data pairs - --out data/pairs \
         | pt-train run "$HERE/dpo.yaml" --data - > manifest-dpo.json
-}
-
-opd_grpo() {
     # 6. OPD: the warm start learns from the SFT model on its own samples
     pt-train run "$HERE/opd.yaml" > manifest-opd.json
     # 7. GRPO from the SFT model, rewarded by pt-eval
     pt-train run "$HERE/grpo.yaml" > manifest-grpo.json
 }
 
-step "4-7. DFT, ASFT | pt-rollout generate | pt-eval grade | pt-data pairs | pt-train run (DPO)"
-step "     alongside: pt-train run (OPD), pt-train run (GRPO)   [progress: logs/]"
-lanes dft_asft_dpo opd_grpo
+step "4. pt-train run (DFT, ASFT)"
+step "   alongside: pt-rollout generate | pt-eval grade | pt-data pairs | pt-train run (DPO); pt-train run (OPD); pt-train run (GRPO)   [progress: logs/]"
+lanes dft_asft dpo_opd_grpo
 
 evaluate() {  # 8. sample the held-out problems with each model given, grade them
     local name model
