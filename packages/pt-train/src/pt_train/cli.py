@@ -1,4 +1,4 @@
-"""`pt-train`: Train causal language models with DeepSpeed (SFT, DFT, DPO, OPD).
+"""`pt-train`: Train causal language models with DeepSpeed (SFT, DFT, ASFT, DPO, OPD, GRPO).
 
     pt-train run train.yaml training.learning_rate=1e-5 --data out/data/sft
     pt-data build data.yaml | pt-train run train.yaml --data -
@@ -25,7 +25,7 @@ from pt_core.manifest import emit_manifest, resolve_input
 from pt_train import __version__
 
 app = make_app(
-    "pt-train", "Train causal language models with DeepSpeed (SFT, DFT, DPO, OPD).", __version__
+    "pt-train", "Train causal language models with DeepSpeed (SFT, DFT, ASFT, DPO, OPD, GRPO).", __version__
 )
 
 
