@@ -36,6 +36,9 @@ def load_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+SMOOTH = {"sampled_reward": 10, "reward": 10}  # noisy per-round figures: drawn with a running mean
+
+
 def plot_curves(out: Path) -> Path:
     """Four panels: the fine-tunes' cross-entropy, DPO's reward accuracy and margin, OPD's
     KL to the teacher on fresh samples, GRPO's reward."""
@@ -53,14 +56,17 @@ def plot_curves(out: Path) -> Path:
             ("asft", "ce_loss", "ASFT from step 120", WARM_START_STEP),
         ], True),
         (axes[0][1], "DPO: reward accuracy and margin", [
-            ("dpo", "rewards/accuracies", "accuracy"), ("dpo", "rewards/margins", "margin"),
+            ("dpo", "rewards/accuracies", "accuracy (the step's batch)"),
+            ("dpo", "rewards/margins", "margin (the step's batch)"),
+            ("dpo", "eval/rewards/accuracies", "accuracy over all pairs, after each epoch"),
         ], False),
         (axes[1][0], "OPD: KL(student || teacher) on the student's samples", [
             ("opd", "sampled_kl", "per token, single-sample estimate"),
             ("opd", "kl", "forward KL over the teacher's top-8"),
         ], False),
         (axes[1][1], "GRPO: reward (pt-eval correct) per round", [
-            ("grpo", "reward", "reward"), ("grpo", "groups_all_equal", "groups with equal rewards"),
+            ("grpo", "sampled_reward", "every sample drawn (fresh prompts)"),
+            ("grpo", "reward", "the groups trained on (rewards differ)"),
         ], False),
     ]  # fmt: skip
     for ax, title, lines, log_scale in panels:
@@ -68,7 +74,18 @@ def plot_curves(out: Path) -> Path:
             rows = [r for r in runs[run] if r.get(key) is not None]
             shift = offset[0] if offset else 0
             if rows:
-                ax.plot([shift + r["step"] for r in rows], [r[key] for r in rows], label=label)
+                style = {"marker": "o"} if key.startswith("eval/") else {}
+                steps, values = [shift + r["step"] for r in rows], [r[key] for r in rows]
+                line = ax.plot(
+                    steps, values, label=label, alpha=0.35 if key in SMOOTH else 1, **style
+                )
+                if key in SMOOTH:  # and its running mean over SMOOTH rounds
+                    window = SMOOTH[key]
+                    means = [sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1))
+                             for i in range(len(values))]  # fmt: skip
+                    ax.plot(
+                        steps, means, color=line[0].get_color(), label=f"{label}, mean of {window}"
+                    )
         ax.set_title(title)
         ax.set_xlabel("optimizer step")
         if log_scale:
@@ -118,6 +135,14 @@ def main() -> None:
     for name, label, origin in MODELS:
         if name in summaries:
             console.print(f"  {label + ':':12} {origin}")
+    evaluated = [
+        r for r in load_metrics(args.out / "runs" / "dpo") if "eval/rewards/accuracies" in r
+    ]
+    if evaluated:
+        console.print(
+            f"DPO reward accuracy over all its pairs after training: "
+            f"{100 * evaluated[-1]['eval/rewards/accuracies']:.1f}%"
+        )
     console.print(f"training curves: {plot_curves(args.out)}")
     if args.seconds is not None:
         console.print(f"total time: {args.seconds // 60} min {args.seconds % 60} s")

@@ -268,3 +268,45 @@ def test_groups_trained_in_shared_prompt_rows_give_the_row_per_sample_run(grpo_w
     a, b = (load_file(runs / n / "inference/step-4/model.safetensors") for n in records)
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_trains_on_groups_whose_rewards_differ(grpo_world):
+    """DAPO's dynamic sampling on the real loop: a round keeps the groups whose rewards
+    differ and tops up with groups of further prompts (at most max_tries times); only what
+    is still short is filled with all-equal groups, and the counts say so. sampled_reward
+    is the mean over every sample the round drew, dropped groups too."""
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(grpo_world)}
+    config = grpo_config(grpo_world, "dynamic", steps=6)
+    config["objective"]["dynamic_sampling"] = {"enabled": True, "max_tries": 2}
+    config["rollout"]["updates_per_round"] = 1
+    path = grpo_world / "dynamic.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [os.path.join(bindir, "pt-train"), "run", path], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    rounds = sorted((grpo_world / "runs" / "dynamic" / "rounds").iterdir())
+    assert len(rounds) == 6
+    topped_up = 0
+    for directory in rounds:
+        metrics = json.loads((directory / "meta.json").read_text())["metrics"]
+        rows = [json.loads(x) for x in (directory / "rollouts.jsonl").read_text().splitlines()]
+        groups: dict[str, list[dict]] = {}
+        for row in rows:
+            groups.setdefault(row["group"], []).append(row)
+        assert len(rows) == 4 and all(len(g) == 4 for g in groups.values())
+        equal = [g for g in groups.values() if len({r["reward"] for r in g}) == 1]
+        assert all(g[0]["group_all_equal"] for g in equal)
+        assert len(equal) == metrics["dynamic_sampling_short"]
+        assert metrics["dynamic_sampling_tries"] <= 2
+        # a round that kept its first group drew nothing more
+        if metrics["dynamic_sampling_tries"] == 0:
+            assert metrics["sampled_reward"] == pytest.approx(np.mean([r["reward"] for r in rows]))
+        else:
+            topped_up += 1
+            drawn = 4 * (1 + metrics["dynamic_sampling_tries"])
+            assert 0.0 <= metrics["sampled_reward"] <= 1.0
+            assert metrics["dynamic_sampling_dropped"] + len(groups) <= drawn // 4
+    assert topped_up > 0  # the untrained model gives some groups equal rewards

@@ -379,7 +379,11 @@ class OnlineProducer(Producer):
                 (dropped if group[0]["group_all_equal"] else kept).append(group)
         short = max(0, self.prompts_per_round - len(kept))
         final = kept[: self.prompts_per_round] + dropped[:short]
+        sampled = [row["reward"] for group in kept + dropped for row in group]
         return [row for group in final for row in group], {
+            # every sample of the round, dropped groups too: the policy's success rate on
+            # fresh prompts, where "reward" is that of the groups trained on
+            "sampled_reward": float(np.mean(sampled)),
             "dynamic_sampling_tries": tries,
             "dynamic_sampling_dropped": len(dropped) - short,
             "dynamic_sampling_short": short,
