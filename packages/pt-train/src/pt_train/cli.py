@@ -25,7 +25,9 @@ from pt_core.manifest import emit_manifest, resolve_input
 from pt_train import __version__
 
 app = make_app(
-    "pt-train", "Train causal language models with DeepSpeed (SFT, DFT, ASFT, DPO, OPD, GRPO).", __version__
+    "pt-train",
+    "Train causal language models with DeepSpeed (SFT, DFT, ASFT, DPO, OPD, GRPO).",
+    __version__,
 )
 
 
