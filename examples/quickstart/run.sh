@@ -30,7 +30,7 @@ started=$(date +%s)
 
 step "install (uv sync)"
 command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet uv
-(cd "$REPO" && uv sync --all-packages --locked --quiet)
+(cd "$REPO" && uv sync --all-packages --locked --quiet --compile-bytecode)
 export PATH="$REPO/.venv/bin:$PATH"
 
 rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
