@@ -57,6 +57,14 @@ class HFEngine(Engine):
             self.pad_id = self.tokenizer.eos_token_id or 0
         # transformers renamed past_key_values to cache (5.2x); accept both.
         # (the class's forward: a trainer may wrap the instance's)
+        config = self.model.config
+        # A 4-D bool mask goes to sdpa as it is (no mask built per decoding step); models
+        # with sliding-window or other non-global layers get the 2-D mask they build from.
+        self._bool_mask = (
+            getattr(config, "_attn_implementation", None) == "sdpa"
+            and not getattr(config, "sliding_window", None)
+            and all(t == "full_attention" for t in getattr(config, "layer_types", None) or [])
+        )
         forward_args = inspect.signature(type(self.model).forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         self.max_batch_size = max_batch_size
@@ -127,6 +135,13 @@ class HFEngine(Engine):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         next_position = mask.sum(-1, keepdim=True)  # [A, 1]
         budgets = [min(params.max_tokens, self.max_model_len - n) for n in lengths]
+        prompt_mask = mask
+        # the keys of every step to come: the prompts' (0 on padding), then the new tokens'
+        mask = torch.ones((len(requests), width + max(budgets)), dtype=mask.dtype, device=dev)
+        mask[:, :width] = prompt_mask
+        if self._bool_mask:
+            mask = mask.bool()
+        keys = width
         noise = None
         if not params.greedy and params.seeded:
             noise = SeededNoise(
@@ -147,7 +162,10 @@ class HFEngine(Engine):
 
         with torch.inference_mode():
             out = self.model(
-                input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True
+                input_ids=input_ids,
+                attention_mask=prompt_mask,
+                position_ids=positions,
+                use_cache=True,
             )
             cache = out[self._cache_arg]
             logits = out.logits[:, -1, :].float()  # [A, V]
@@ -190,10 +208,14 @@ class HFEngine(Engine):
                     cache.batch_select_indices(index)
                     mask, next_position, chosen = mask[index], next_position[index], chosen[index]
                     active = [active[row] for row in keep]
-                mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=-1)
+                keys += 1
+                # the step's query sees every key of its row but the left padding: as a
+                # [A, 1, 1, keys] bool mask that sdpa takes as it is, else as the 2-D mask
+                # the model turns into one each step
+                step_mask = mask[:, None, None, :keys] if self._bool_mask else mask[:, :keys]
                 out = self.model(
                     input_ids=chosen[:, None],
-                    attention_mask=mask,
+                    attention_mask=step_mask,
                     position_ids=next_position,
                     use_cache=True,
                     **{self._cache_arg: cache},
