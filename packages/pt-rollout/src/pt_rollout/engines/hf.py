@@ -55,8 +55,6 @@ class HFEngine(Engine):
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id or 0
-        # transformers renamed past_key_values to cache (5.2x); accept both.
-        # (the class's forward: a trainer may wrap the instance's)
         config = self.model.config
         # A 4-D bool mask goes to sdpa as it is (no mask built per decoding step); models
         # with sliding-window or other non-global layers get the 2-D mask they build from.
@@ -65,6 +63,8 @@ class HFEngine(Engine):
             and not getattr(config, "sliding_window", None)
             and all(t == "full_attention" for t in getattr(config, "layer_types", None) or [])
         )
+        # transformers renamed past_key_values to cache (5.2x); accept both.
+        # (the class's forward: a trainer may wrap the instance's)
         forward_args = inspect.signature(type(self.model).forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         self.max_batch_size = max_batch_size
@@ -396,7 +396,6 @@ class SeededNoise:
         self.k = max(1, min(steps, budget // max(1, len(generators) * vocab)))
         self.block = torch.empty((len(generators), self.k, vocab), device=device)
         self.step = 0
-        self._rows: tuple[list[int], object] | None = None
 
     def next(self, active: list[int]):
         """[A, vocab] noise of this step for the requests ``active`` (row order)."""
@@ -407,6 +406,4 @@ class SeededNoise:
             for i in active:
                 self.block[i].exponential_(1, generator=self.generators[i])
         self.step += 1
-        if self._rows is None or self._rows[0] is not active:
-            self._rows = (active, torch.tensor(active, device=self.block.device))
-        return self.block[self._rows[1], j]
+        return self.block[torch.tensor(active, device=self.block.device), j]
