@@ -2,8 +2,10 @@
 
 Generation batches requests of similar prompt length (sorted, left-padded), runs one prefill
 and then one token per step through the KV cache, and drops finished rows from the cache so
-short completions stop costing compute. Each request samples from its own seeded generator,
-so a completion does not depend on which batch it landed in. Scoring is one forward pass
+short completions stop costing compute. Llama-family models decode through :mod:`.lean`
+(the same weights and formulas without the module stack), others through their forward.
+Each request samples from its own seeded generator, so a completion does not depend on
+which batch it landed in. Scoring is one forward pass
 per batch that keeps only the logits of completion positions.
 """
 
@@ -32,12 +34,16 @@ class HFEngine(Engine):
         logits_budget_mb: int = 1024,
         tokenizer=None,
         seed: int = 0,
+        lean: bool = True,
     ):
         """``model``: a checkpoint directory (or hub name), or a loaded causal LM to generate
         with as it is (e.g. the model being trained: its weights are live, nothing is copied);
-        then ``tokenizer`` is needed too."""
+        then ``tokenizer`` is needed too. ``lean``: decode with :mod:`.lean` where it takes
+        the model (the same logits, fewer operations per token), else the model's forward."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from pt_rollout.engines.lean import lean_decoder
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -67,14 +73,16 @@ class HFEngine(Engine):
         # (the class's forward: a trainer may wrap the instance's)
         forward_args = inspect.signature(type(self.model).forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        self._lean = lean_decoder(self.model) if lean else None
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.logits_budget_bytes = logits_budget_mb * 2**20
         log.info(
-            "hf engine: %s on %s (%s)",
+            "hf engine: %s on %s (%s), %s decoder",
             model if isinstance(model, str) else type(model).__name__,
             self.device,
             self.model.dtype,
+            "lean" if self._lean else "transformers",
         )
 
     @property
@@ -135,13 +143,8 @@ class HFEngine(Engine):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         next_position = mask.sum(-1, keepdim=True)  # [A, 1]
         budgets = [min(params.max_tokens, self.max_model_len - n) for n in lengths]
-        prompt_mask = mask
-        # the keys of every step to come: the prompts' (0 on padding), then the new tokens'
-        mask = torch.ones((len(requests), width + max(budgets)), dtype=mask.dtype, device=dev)
-        mask[:, :width] = prompt_mask
-        if self._bool_mask:
-            mask = mask.bool()
-        keys = width
+        decoder = self._lean or _HFDecoder(self)
+        decoder.start(mask, width + max(budgets))
         noise = None
         if not params.greedy and params.seeded:
             noise = SeededNoise(
@@ -161,14 +164,7 @@ class HFEngine(Engine):
         active = list(range(len(requests)))  # request index of each row still in the cache
 
         with torch.inference_mode():
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=prompt_mask,
-                position_ids=positions,
-                use_cache=True,
-            )
-            cache = out[self._cache_arg]
-            logits = out.logits[:, -1, :].float()  # [A, V]
+            logits = decoder.forward(input_ids, positions)  # [A, V]
             while True:
                 chosen, sampled_logprobs = self._sample(logits, params, noise, active)  # [A]
                 chosen_logprobs = topk = raw = None
@@ -205,23 +201,11 @@ class HFEngine(Engine):
                     break
                 if len(keep) < len(active):
                     index = torch.tensor(keep, device=dev)
-                    cache.batch_select_indices(index)
-                    mask, next_position, chosen = mask[index], next_position[index], chosen[index]
+                    decoder.select(index)
+                    next_position, chosen = next_position[index], chosen[index]
                     active = [active[row] for row in keep]
-                keys += 1
-                # the step's query sees every key of its row but the left padding: as a
-                # [A, 1, 1, keys] bool mask that sdpa takes as it is, else as the 2-D mask
-                # the model turns into one each step
-                step_mask = mask[:, None, None, :keys] if self._bool_mask else mask[:, :keys]
-                out = self.model(
-                    input_ids=chosen[:, None],
-                    attention_mask=step_mask,
-                    position_ids=next_position,
-                    use_cache=True,
-                    **{self._cache_arg: cache},
-                )
+                logits = decoder.forward(chosen[:, None], next_position)
                 next_position = next_position + 1
-                logits = out.logits[:, -1, :].float()
         return [
             Completion(
                 tokens[i],
@@ -380,6 +364,57 @@ class HFEngine(Engine):
                 f"{path}: weights do not fit the model (missing {missing[:3]}, "
                 f"unexpected {unexpected[:3]})"
             )
+
+
+class _HFDecoder:
+    """The model's own forward over its own cache, for models :func:`lean_decoder` does
+    not take: the same interface as :class:`LeanDecoder`."""
+
+    def __init__(self, engine: HFEngine):
+        self.model = engine.model
+        self.bool_mask = engine._bool_mask
+        self.cache_arg = engine._cache_arg
+        self.cache = None
+
+    def start(self, prompt_mask, slots: int) -> None:
+        import torch
+
+        rows, width = prompt_mask.shape
+        # the keys of every step to come: the prompts' (0 on padding), then the new tokens'
+        self.mask = torch.ones((rows, slots), dtype=prompt_mask.dtype, device=prompt_mask.device)
+        self.mask[:, :width] = prompt_mask
+        if self.bool_mask:
+            self.mask = self.mask.bool()
+        self.keys = 0
+        self.cache = None
+
+    def select(self, index) -> None:
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask[index]
+
+    def forward(self, input_ids, position_ids):
+        self.keys += input_ids.shape[1]
+        if self.cache is None:
+            # the prefill: the model builds its causal mask from the 2-D one
+            step_mask, extra = self.mask[:, : self.keys].long(), {}
+        else:
+            # a step's query sees every key of its row but the left padding: as a
+            # [A, 1, 1, keys] bool mask that sdpa takes as it is, else as the 2-D mask the
+            # model turns into one each step
+            step_mask = (
+                self.mask[:, None, None, : self.keys] if self.bool_mask
+                else self.mask[:, : self.keys]
+            )  # fmt: skip
+            extra = {self.cache_arg: self.cache}
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=step_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **extra,
+        )
+        self.cache = out[self.cache_arg]
+        return out.logits[:, -1, :].float()
 
 
 class SeededNoise:
