@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -75,12 +77,11 @@ def test_sampling_is_reproducible_per_request_seed_whatever_the_batch(engine):
     assert other.token_ids != alone.token_ids  # the seed does
 
 
-def test_seeded_sampling_draws_what_torch_multinomial_draws_with_each_seed(engine):
-    """A seeded request's token at each step is torch.multinomial's single draw from the
-    distribution sampled from, with a generator seeded by the request's seed (drawn once a
-    step), whatever the other rows of the batch, and whether the engine draws the noise
-    one step at a time or several (here 1, 3 and 20 steps a block)."""
-    from pt_rollout.engines.hf import SeededNoise
+def test_seeded_sampling_inverts_the_cdf_at_each_requests_own_uniform(engine):
+    """A seeded request's token at step t is the one whose interval of the cumulative
+    distribution sampled from holds u_t, the t-th float64 uniform of a generator seeded
+    with the request's seed, whatever the other rows of the batch (rows leave it here)."""
+    from pt_rollout.engines.hf import SeededUniforms
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 300, generator=g) * 3
@@ -91,16 +92,65 @@ def test_seeded_sampling_draws_what_torch_multinomial_draws_with_each_seed(engin
     kept = sorted_probs.masked_fill(sorted_probs.cumsum(-1) - sorted_probs >= 0.9, 0.0)
     nucleus = torch.zeros_like(probs).scatter(-1, sorted_ids, kept)
     nucleus = nucleus / nucleus.sum(-1, keepdim=True)
-    for steps_a_block in (1, 3, 20):
-        mine = [torch.Generator().manual_seed(s) for s in seeds]
-        theirs = [torch.Generator().manual_seed(s) for s in seeds]
-        noise = SeededNoise(mine, 300, 20, "cpu", budget=steps_a_block * 5 * 300)
-        assert noise.k == steps_a_block
-        for _ in range(20):  # 20 steps: each generator moves on by one draw a step
-            chosen, logps = engine._sample(logits, params, noise, list(range(5)))
-            want = [int(torch.multinomial(nucleus[i], 1, generator=theirs[i])) for i in range(5)]
-            assert chosen.tolist() == want
-            torch.testing.assert_close(logps, nucleus[range(5), want].log())
+    draws = {s: torch.rand(20, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+             for s in seeds}  # fmt: skip
+    uniforms = SeededUniforms(seeds, 20, "cpu")
+    active = list(range(5))
+    for step in range(20):
+        if step == 8:
+            active = [0, 2, 3]  # rows 1 and 4 finished
+        chosen, logps = engine._sample(logits[active], params, uniforms, active)
+        want = []
+        for i in active:
+            target = float(draws[seeds[i]][step]) * float(nucleus[i].double().sum())
+            cdf = itertools.accumulate(nucleus[i].double().tolist())
+            want.append(next(t for t, c in enumerate(cdf) if c > target))
+        assert chosen.tolist() == want
+        assert all(float(nucleus[i, t]) > 0 for i, t in zip(active, want, strict=True))
+        torch.testing.assert_close(logps, nucleus[active, want].log())
+
+
+def test_inverse_cdf_draws_each_token_with_its_probability():
+    from pt_rollout.engines.hf import inverse_cdf
+
+    p = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
+    u = torch.rand(200_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    tokens = inverse_cdf(p.expand(len(u), -1), u)
+    counts = torch.bincount(tokens, minlength=6).double()
+    expected = p.double() * len(u)
+    assert counts[p == 0].sum() == 0  # a token of probability 0 is never drawn
+    sigma = (expected * (1 - p.double())).sqrt()
+    assert ((counts - expected).abs() <= 4 * sigma + 1e-9).all(), counts.tolist()
+    # at the ends of [0, 1): the first and the last token of non-zero probability
+    edges = inverse_cdf(p.expand(2, -1), torch.tensor([0.0, 1.0 - 2.0**-53], dtype=torch.float64))
+    assert edges.tolist() == [1, 4]
+    with pytest.raises(ValueError, match="inf, nan"):
+        inverse_cdf(torch.tensor([[0.5, float("nan")]]), torch.tensor([0.5], dtype=torch.float64))
+
+
+def test_seeded_first_tokens_follow_the_models_distribution(tiny_model_dir, model):
+    """Over many seeds, the first token of a completion is drawn with the model's
+    probability of it (after temperature): a chi-square test on the frequencies."""
+    engine = HFEngine(str(tiny_model_dir), max_batch_size=1024)
+    prompt = PROMPTS[0]
+    n = 20_000
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double() / 0.1, -1)
+    got = engine.generate(
+        [Request(prompt, seed=s) for s in range(n)], SamplingParams(0.1, max_tokens=1)
+    )
+    counts = torch.bincount(torch.tensor([c.token_ids[0] for c in got]), minlength=len(probs))
+    # the tokens expected at least 5 times each; the rest pooled into one cell
+    expected = probs * n
+    cells = expected >= 5
+    observed = torch.cat([counts[cells].double(), counts[~cells].double().sum()[None]])
+    wanted = torch.cat([expected[cells], expected[~cells].sum()[None]])
+    chi2 = float(((observed - wanted) ** 2 / wanted.clamp(min=1e-12)).sum())
+    dof = int(cells.sum()) - (0 if float(wanted[-1]) > 0 else 1)
+    # the 0.999 quantile of chi-square with dof degrees of freedom (Wilson-Hilferty)
+    z = 3.09
+    bound = dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+    assert dof >= 5 and chi2 < bound, (chi2, bound, dof)
 
 
 def test_logprobs_of_sampled_tokens_are_the_models(engine):

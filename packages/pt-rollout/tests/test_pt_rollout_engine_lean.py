@@ -138,7 +138,9 @@ def requests():
 @pytest.mark.parametrize(
     "params",
     [
-        SamplingParams(temperature=1.0, max_tokens=24, stop_token_ids=(7, 8, 9), logprobs=True),
+        SamplingParams(
+            temperature=1.0, max_tokens=24, stop_token_ids=tuple(range(3, VOCAB, 12)), logprobs=True
+        ),
         SamplingParams(temperature=0.7, top_p=0.9, max_tokens=16, logprobs=True),
         SamplingParams(temperature=0.0, max_tokens=16, logprobs_top_k=3, logprobs=True),
     ],

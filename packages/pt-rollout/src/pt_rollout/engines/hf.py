@@ -5,8 +5,8 @@ and then one token per step through the KV cache, and drops finished rows from t
 short completions stop costing compute. Llama-family models decode through :mod:`.lean`
 (the same weights and formulas without the module stack), others through their forward.
 Each request samples from its own seeded generator, so a completion does not depend on
-which batch it landed in. Scoring is one forward pass
-per batch that keeps only the logits of completion positions.
+which batch it landed in. Scoring is one forward pass per batch that keeps only the logits
+of completion positions.
 """
 
 from __future__ import annotations
@@ -145,14 +145,9 @@ class HFEngine(Engine):
         budgets = [min(params.max_tokens, self.max_model_len - n) for n in lengths]
         decoder = self._lean or _HFDecoder(self)
         decoder.start(mask, width + max(budgets))
-        noise = None
+        uniforms = None
         if not params.greedy and params.seeded:
-            noise = SeededNoise(
-                [torch.Generator(device=dev).manual_seed(r.seed) for r in requests],
-                int(self.model.config.vocab_size),
-                max(budgets),
-                dev,
-            )
+            uniforms = SeededUniforms([r.seed for r in requests], max(budgets), dev)
         stop_ids = set(params.stop_token_ids)
         stop_window = max((len(s) for s in params.stop), default=0) + 8
 
@@ -166,7 +161,7 @@ class HFEngine(Engine):
         with torch.inference_mode():
             logits = decoder.forward(input_ids, positions)  # [A, V]
             while True:
-                chosen, sampled_logprobs = self._sample(logits, params, noise, active)  # [A]
+                chosen, sampled_logprobs = self._sample(logits, params, uniforms, active)  # [A]
                 chosen_logprobs = topk = raw = None
                 if params.logprobs_top_k or (params.logprobs and params.logprobs_mode == "raw"):
                     raw = torch.log_softmax(logits, -1)
@@ -217,10 +212,12 @@ class HFEngine(Engine):
             for i in range(len(requests))
         ]
 
-    def _sample(self, logits, params: SamplingParams, noise: SeededNoise | None, active: list[int]):
+    def _sample(
+        self, logits, params: SamplingParams, uniforms: SeededUniforms | None, active: list[int]
+    ):
         """[A] sampled tokens and their log-probs under the distribution sampled from
         (temperature, then top-p renormalised), from each request's own generator
-        (``noise``) or, for unseeded requests, from the engine's one."""
+        (``uniforms``) or, for unseeded requests, from the engine's one."""
         import torch
 
         if params.greedy:
@@ -234,16 +231,10 @@ class HFEngine(Engine):
             sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, sorted_ids, sorted_probs)
             probs = probs / probs.sum(-1, keepdim=True)
-        if noise is None:
+        if uniforms is None:
             chosen = torch.multinomial(probs, 1, generator=self._batch_generator)[:, 0]
         else:
-            # torch.multinomial draws one sample as argmax(p / q), q ~ Exp(1) from the given
-            # generator; drawing each row's q from its own generator and taking the argmax
-            # of the batch at once gives the same tokens without a call (and a validity
-            # check) per row.
-            if not bool(torch.isfinite(probs).all()):
-                raise ValueError("probability tensor contains either inf, nan or element < 0")
-            chosen = (probs / noise.next(active).to(probs.dtype)).argmax(-1)
+            chosen = inverse_cdf(probs, uniforms.next(active))
         return chosen, probs.gather(-1, chosen[:, None])[:, 0].log()
 
     def _hits_stop(self, token_ids: list[int], stop: tuple[str, ...], window: int) -> bool:
@@ -417,28 +408,45 @@ class _HFDecoder:
         return out.logits[:, -1, :].float()
 
 
-class SeededNoise:
-    """The Exp(1) noise of each request's own generator for every sampling step, drawn
-    several steps at a time: one fill of a request's ``[k, vocab]`` block instead of k
-    fills of ``[vocab]``, which on the CPU draws the same numbers in the same order (so
-    the tokens are those of one draw per step). Blocks hold at most ``budget`` floats
-    for the whole batch."""
+class SeededUniforms:
+    """One uniform draw in [0, 1) per request and sampling step, from a generator seeded
+    with the request's seed: all the steps' draws of a request at once (float64)."""
 
-    def __init__(self, generators, vocab: int, steps: int, device, budget: int = 2**24):
+    def __init__(self, seeds: list[int], steps: int, device):
         import torch
 
-        self.generators = generators
-        self.k = max(1, min(steps, budget // max(1, len(generators) * vocab)))
-        self.block = torch.empty((len(generators), self.k, vocab), device=device)
+        self.draws = torch.stack(
+            [
+                torch.rand(
+                    steps, generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+                )
+                for seed in seeds
+            ]
+        ).to(device)  # [requests, steps]
         self.step = 0
 
     def next(self, active: list[int]):
-        """[A, vocab] noise of this step for the requests ``active`` (row order)."""
+        """[A] draws of this step for the requests ``active`` (row order)."""
         import torch
 
-        j = self.step % self.k
-        if j == 0:
-            for i in active:
-                self.block[i].exponential_(1, generator=self.generators[i])
+        column = self.draws[:, self.step]
         self.step += 1
-        return self.block[torch.tensor(active, device=self.block.device), j]
+        return column[torch.tensor(active, device=column.device)]
+
+
+def inverse_cdf(probs, u):
+    """[A] tokens drawn from each row of ``probs`` ([A, V], rows that may not sum to
+    exactly 1) by the inverse of its cumulative distribution at ``u`` ([A] in [0, 1)):
+    token i when its interval of the cumulative sum, in float64, holds ``u`` times the
+    row's total, so that it is drawn with probability p_i and a token of probability 0
+    never is."""
+    import torch
+
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    if not bool(torch.isfinite(total).all()):
+        raise ValueError("probability tensor contains either inf, nan or element < 0")
+    chosen = torch.searchsorted(cdf, u[:, None] * total, right=True)
+    # u * total can round up to the total itself: the last token of non-zero probability
+    last = (cdf < total).sum(-1, keepdim=True)
+    return torch.minimum(chosen, last)[:, 0]
