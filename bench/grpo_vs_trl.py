@@ -1,6 +1,6 @@
 """GRPO: pt-train's online loop vs TRL's GRPOTrainer, on CPU.
 
-    uv run --no-sync python bench/grpo_vs_trl.py [--steps 8] [--threads 2] [--repeats 2]
+    uv run --no-sync python bench/grpo_vs_trl.py [--steps 16] [--threads 2] [--repeats 3]
 
 The same tiny Llama (hidden 128, 4 layers, head_dim 64; trained briefly on the arithmetic
 set here, so that some answers are right and rewards differ), the same arithmetic prompts,
@@ -214,9 +214,9 @@ def measure(which: str, workdir: Path, steps: int, threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--child", choices=["trl"], default=None)
     args = parser.parse_args()
