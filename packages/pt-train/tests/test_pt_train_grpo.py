@@ -266,8 +266,14 @@ def test_groups_trained_in_shared_prompt_rows_give_the_row_per_sample_run(grpo_w
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
         assert a["tokens"] < b["tokens"]  # the prompt is held once per group
     a, b = (load_file(runs / n / "inference/step-4/model.safetensors") for n in records)
+    lr = grpo_config(grpo_world, "x")["training"]["learning_rate"]
     for key in a:
-        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+        # Adam divides each update by the root of the gradient's second moment, so a weight
+        # whose gradient is at rounding level moves by a fraction of the learning rate
+        # either way: all but a few weights agree to rounding, those few to a part of lr.
+        close = torch.isclose(a[key], b[key], atol=1e-5, rtol=1e-4)
+        assert close.float().mean() > 0.999, key
+        torch.testing.assert_close(a[key], b[key], atol=0.05 * lr, rtol=1e-4)
 
 
 @pytest.mark.slow
