@@ -446,7 +446,7 @@ def inverse_cdf(probs, u):
     total = cdf[:, -1:]
     if not bool(torch.isfinite(total).all()):
         raise ValueError("probability tensor contains either inf, nan or element < 0")
-    chosen = torch.searchsorted(cdf, u[:, None] * total, right=True)
-    # u * total can round up to the total itself: the last token of non-zero probability
-    last = (cdf < total).sum(-1, keepdim=True)
-    return torch.minimum(chosen, last)[:, 0]
+    # u * total can round up to the total itself: kept below it, the search ends at the
+    # last token of non-zero probability
+    target = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True)[:, 0]
