@@ -238,6 +238,66 @@ def test_grpo_killed_mid_round_and_resumed_ends_with_the_uninterrupted_weights(g
 
 
 @pytest.mark.slow
+def test_epochs_per_round_train_a_rounds_rows_again_against_its_starting_log_probs(grpo_world):
+    """epochs_per_round=2: each round's rows are trained twice, in the same order (the
+    same tokens, rewards and advantages at both steps), against the log-probs of the
+    weights the round started from (kept in the round's directory); 4 steps are 2 rounds."""
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(grpo_world)}
+    config = grpo_config(grpo_world, "epochs", steps=8)
+    config["rollout"]["updates_per_round"] = 1
+    config["rollout"]["epochs_per_round"] = 2
+    path = grpo_world / "epochs.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [os.path.join(bindir, "pt-train"), "run", path], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    run = grpo_world / "runs" / "epochs"
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [0, 0, 1, 1, 2, 2, 3, 3]
+    rounds = sorted((run / "rounds").iterdir())
+    assert len(rounds) == 4
+    assert all((d / "old-logps-rank0.json").exists() for d in rounds)
+    learned = 0
+    for index, directory in enumerate(rounds):
+        first, second = records[2 * index : 2 * index + 2]
+        assert first["tokens"] == second["tokens"]
+        rows = [json.loads(x) for x in (directory / "rollouts.jsonl").read_text().splitlines()]
+        if any(r["advantage"] != 0 for r in rows):
+            learned += 1
+            assert first["loss"] != second["loss"]  # the second pass sees updated weights
+    assert learned > 0
+    # the first pass is on-policy: its ratio is 1, nothing is clipped
+    assert records[0]["clip_low"] == records[0]["clip_high"] == 0.0
+    # the round's rows, advantages and old log-probs are those the trainer read
+    rows = [json.loads(x) for x in (rounds[0] / "rollouts.jsonl").read_text().splitlines()]
+    old = json.loads((rounds[0] / "old-logps-rank0.json").read_text())
+    assert len(old) == len(rows) == 4
+    assert [len(o) for o in old] == [len(r["completion_token_ids"]) for r in rows]
+    np.testing.assert_allclose(
+        [v for o in old for v in o], [v for r in rows for v in r["completion_logprobs"]],
+        atol=1e-4,
+    )  # fmt: skip
+
+
+def test_max_steps_must_be_whole_rounds_of_updates_and_epochs(grpo_world):
+    bindir = os.path.dirname(sys.executable)
+    config = grpo_config(grpo_world, "bad-epochs", steps=5)
+    config["rollout"]["updates_per_round"] = 1
+    config["rollout"]["epochs_per_round"] = 2
+    path = grpo_world / "bad-epochs.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [os.path.join(bindir, "pt-train"), "run", path], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "epochs_per_round=2" in done.stderr and "max_steps" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (grpo_world / "runs" / "bad-epochs" / "rounds").exists()
+
+
+@pytest.mark.slow
 def test_groups_trained_in_shared_prompt_rows_give_the_row_per_sample_run(grpo_world):
     """The same seeded rounds trained with each group's prompt held once in a row
     (data.shared_prompt, the default) and with a row per sample: the same rewards, losses

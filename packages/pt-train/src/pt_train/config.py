@@ -191,8 +191,9 @@ class DeepSpeedSection(Section):
 
 class RolloutConfig(Section):
     """The online loop (OPD, GRPO): rounds of prompts -> samples from the current policy ->
-    teacher scores or rewards -> ``updates_per_round`` optimizer steps -> new weights to the
-    generator. Set ``prompts`` to turn it on; see :mod:`pt_train.producers.online`."""
+    teacher scores or rewards -> ``updates_per_round`` x ``epochs_per_round`` optimizer
+    steps -> new weights to the generator. Set ``prompts`` to turn it on; see
+    :mod:`pt_train.producers.online`."""
 
     prompts: str | None = None  # prompt rows: a file, a pt-data prompts dataset, or a pipe path
     split: str | None = None  # of a dataset directory (default: train)
@@ -202,7 +203,10 @@ class RolloutConfig(Section):
     system: str | None = None
     samples_per_prompt: int = Field(1, ge=1)  # GRPO's group size
     prompts_per_round: int | None = Field(None, ge=1)  # default: from the global batch
-    updates_per_round: int = Field(1, ge=1)
+    updates_per_round: int = Field(1, ge=1)  # mini-batches a round's rows are split into
+    # passes over a round's rows (PPO's epochs, TRL's num_iterations): a round trains
+    # updates_per_round x epochs_per_round optimizer steps, each pass in the same order
+    epochs_per_round: int = Field(1, ge=1)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(256, ge=1)

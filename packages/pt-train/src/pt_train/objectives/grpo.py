@@ -264,7 +264,7 @@ class GRPO(Objective):
             )
         self.temperature = rollout.temperature
         self.max_tokens = rollout.max_tokens
-        self.needs_old_logps = rollout.updates_per_round > 1
+        self.needs_old_logps = rollout.updates_per_round * rollout.epochs_per_round > 1
 
     def required_columns(self) -> dict[str, str]:
         return {

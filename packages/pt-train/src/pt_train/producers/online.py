@@ -3,8 +3,11 @@
 Round ``r`` takes ``prompts_per_round`` prompts (epochs of a seeded permutation, as for
 fixed data), samples ``samples_per_prompt`` completions of each from the policy, has them
 scored by the teacher (OPD) or graded (GRPO, :meth:`Objective.process_round`), and
-feeds the trainer ``updates_per_round`` optimizer steps of ``global_batch_size`` rows.
-Step ``s`` trains round ``s // updates_per_round``.
+feeds the trainer ``updates_per_round`` optimizer steps of ``global_batch_size`` rows
+(mini-batches), ``epochs_per_round`` times over (PPO's epochs, in the same order each
+time). With ``U = updates_per_round x epochs_per_round`` optimizer steps per round, step
+``s`` trains round ``s // U``; the steps after a round's first take their ratio against
+the log-probs of the weights the round started from.
 
 Where the samples come from (``rollout.generator``):
 
@@ -15,7 +18,7 @@ Where the samples come from (``rollout.generator``):
   safetensors to a directory in memory (``/dev/shm``) and loaded in place; its cost is the
   ``weight_push_s`` metric.
 
-When (``rollout.schedule``), with ``U = updates_per_round``:
+When (``rollout.schedule``):
 
 - ``sync``: round r is generated when round r starts, with the weights of that moment;
 - ``step_off: N``: round r+N is asked for when round r starts, so it is generated while
@@ -91,17 +94,20 @@ class OnlineProducer(Producer):
             raise ConfigError(
                 "the online loop runs training.max_steps optimizer steps; other training "
                 "lengths count fixed rows",
-                hint="set training.max_steps (rounds = max_steps / rollout.updates_per_round)",
+                hint="set training.max_steps (rounds = max_steps / (rollout.updates_per_round "
+                "x rollout.epochs_per_round))",
             )
-        self.updates = r.updates_per_round
+        self.minibatches = r.updates_per_round
+        self.updates = r.updates_per_round * r.epochs_per_round  # optimizer steps per round
         if training.max_steps % self.updates:
             raise ConfigError(
                 f"training.max_steps={training.max_steps} is not a whole number of rounds of "
-                f"rollout.updates_per_round={self.updates}",
-                hint="make max_steps a multiple of updates_per_round",
+                f"{self.updates} steps (rollout.updates_per_round={r.updates_per_round} x "
+                f"rollout.epochs_per_round={r.epochs_per_round})",
+                hint="make max_steps a multiple of updates_per_round x epochs_per_round",
             )
         self.rows_per_step = training.global_batch_size
-        rows_per_round = self.rows_per_step * self.updates
+        rows_per_round = self.rows_per_step * self.minibatches
         if rows_per_round % r.samples_per_prompt:
             raise ConfigError(
                 f"a round of {rows_per_round} rows (training.global_batch_size x "
@@ -124,7 +130,7 @@ class OnlineProducer(Producer):
         # Prompts that top a round up after dynamic sampling dropped some: their own stream.
         self.extra_sampler = StepSampler(len(self.prompts), 1, seed=r.seed + 7919, shuffle=True)
         self._extra_position = 0
-        self.num_rows = rows_per_round * (training.max_steps // self.updates)
+        self.num_rows = self.rows_per_step * training.max_steps  # rows trained, epochs counted
         self.num_tokens = 0
         self.micro_batch_size = training.micro_batch_size
         self._token_ids: dict[int, list[int]] = {}
@@ -146,7 +152,8 @@ class OnlineProducer(Producer):
 
     def micro_batches(self, step: int) -> list[Batch]:
         self._version = step
-        round_index, j = divmod(step, self.updates)
+        round_index, k = divmod(step, self.updates)
+        j = k % self.minibatches  # this epoch's mini-batch
         rows = self._round(round_index)
         if self.objective.needs_old_logps:
             self._old_logps(round_index, rows)
@@ -181,7 +188,7 @@ class OnlineProducer(Producer):
         """The log-probs of this rank's rows under the weights the round starts from, for
         the updates after the first: computed before the round's first update and kept in
         the round's directory (a run resumed mid-round reads them)."""
-        mine = [row for j in range(self.updates)
+        mine = [row for j in range(self.minibatches)
                 for row in self._mine(rows[j * self.rows_per_step : (j + 1) * self.rows_per_step])]  # fmt: skip
         if all("old_logprobs" in row for row in mine):
             return
