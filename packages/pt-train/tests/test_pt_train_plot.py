@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pt_core.errors import InputError
 from pt_train.metrics import read_metrics
-from pt_train.plot import draw_figure, load_series, plot_metrics, run_labels
+from pt_train.plot import draw_figure, load_series, plot_metrics, run_labels, running_mean
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -66,6 +67,19 @@ def test_the_figure_has_a_panel_per_key_and_a_line_per_run(runs):
     assert list(loss.get_lines()[1].get_ydata()) == [4.0, 3.0]
     # run b never logged grad_norm: it has no line there, and the figure is still drawn
     assert [line.get_label() for line in grad.get_lines()] == ["out-a/sft"]
+
+
+def test_smooth_draws_the_running_mean_over_a_faint_line(tmp_path):
+    assert running_mean([1.0, 3.0, 2.0, 6.0], 2) == [1.0, 2.0, 2.5, 4.0]
+    assert running_mean([1.0, 3.0, 2.0], 10) == [1.0, 2.0, 2.0]
+    run = write_run(tmp_path / "grpo", [{"step": s, "reward": float(s % 2)} for s in range(1, 7)])
+    fig = draw_figure(["reward"], load_series([run], ("reward",)), smooth=3)
+    raw, mean = fig.axes[0].get_lines()
+    assert raw.get_alpha() == 0.3 and mean.get_label() == "grpo, mean of 3"
+    np.testing.assert_allclose(mean.get_ydata(), [1, 0.5, 2 / 3, 1 / 3, 2 / 3, 1 / 3])
+    assert plot_metrics([run], keys=("reward",), smooth=3) == [run / "reward.png"]
+    with pytest.raises(InputError, match="--smooth -1"):
+        plot_metrics([run], keys=("reward",), smooth=-1)
 
 
 def test_several_runs_go_to_one_file_and_one_run_keeps_its_pngs(runs, tmp_path):

@@ -151,12 +151,15 @@ def plot(
     keys: list[str] = typer.Option(
         None, "--key", "-k", help="metrics.jsonl key to plot (repeatable; default: loss, lr)."
     ),
+    smooth: int = typer.Option(
+        0, "--smooth", help="Also draw each line's running mean over this many points."
+    ),
 ) -> None:
     """Draw metrics against step: RUN_DIR/loss.png and RUN_DIR/lr.png for one run, or one
     figure (--out) comparing several runs."""
     from pt_train.plot import DEFAULT_KEYS, plot_metrics
 
-    for path in plot_metrics(run_dirs, out, tuple(keys or DEFAULT_KEYS)):
+    for path in plot_metrics(run_dirs, out, tuple(keys or DEFAULT_KEYS), smooth):
         console.print(f"wrote {path}")
 
 

@@ -3,6 +3,7 @@
 pt-train plot runs/sft                          # runs/sft/loss.png and runs/sft/lr.png
 pt-train plot runs/sft runs/dft --out cmp.png   # one panel per key, one line per run
 pt-train plot runs/sft runs/dft --out cmp.png --key loss --key grad_norm
+pt-train plot runs/grpo --key sampled_reward --smooth 10   # and a running mean of 10 steps
 """
 
 from __future__ import annotations
@@ -23,22 +24,30 @@ LABELS = {"loss": "loss", "lr": "learning rate"}
 
 
 def plot_metrics(
-    run_dirs: list[str | Path], out: str | Path | None = None, keys: tuple[str, ...] = DEFAULT_KEYS
+    run_dirs: list[str | Path],
+    out: str | Path | None = None,
+    keys: tuple[str, ...] = DEFAULT_KEYS,
+    smooth: int = 0,
 ) -> list[Path]:
     """What ``pt-train plot`` draws: with ``out``, one figure comparing the runs; without,
-    one PNG per key in the (single) run directory. Returns the files written."""
+    one PNG per key in the (single) run directory. ``smooth`` > 1 draws each line faint
+    with its running mean over that many points on top. Returns the files written."""
     keys = tuple(dict.fromkeys(keys))  # a key given twice is drawn once
+    if smooth < 0:
+        raise InputError(f"--smooth {smooth}", hint="give a number of points, 0 or more")
     if out is not None:
-        return [plot_runs(run_dirs, out, keys)]
+        return [plot_runs(run_dirs, out, keys, smooth)]
     if len(run_dirs) > 1:
         raise InputError(
             f"{len(run_dirs)} runs to compare, and no --out",
             hint="pass --out FILE.png: one figure with a line per run",
         )
-    return plot_run(run_dirs[0], keys)
+    return plot_run(run_dirs[0], keys, smooth)
 
 
-def plot_run(run_dir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS) -> list[Path]:
+def plot_run(
+    run_dir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS, smooth: int = 0
+) -> list[Path]:
     """One PNG per key in ``run_dir`` (``RUN_DIR/<key>.png``); keys the run did not log are
     skipped."""
     run = Path(run_dir)
@@ -48,21 +57,33 @@ def plot_run(run_dir: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS) -> list[
         if key not in series[run]:
             continue
         path = run / f"{_file_name(key)}.png"
-        _draw(path, [key], {run: series[run]}, title=f"{run.name}: ")
+        _draw(path, [key], {run: series[run]}, title=f"{run.name}: ", smooth=smooth)
         out.append(path)
     return out
 
 
 def plot_runs(
-    run_dirs: list[str | Path], out: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS
-) -> Path:
+    run_dirs: list[str | Path], out: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS,
+    smooth: int = 0,
+) -> Path:  # fmt: skip
     """One figure at ``out``: a panel per key, a line per run named after the run; a run
     that did not log a key has no line in that panel."""
     runs = [Path(r) for r in run_dirs]
     series = load_series(runs, keys)
     present = [k for k in keys if any(k in series[r] for r in runs)]
     out = Path(out)
-    _draw(out, present, series, title="")
+    _draw(out, present, series, title="", smooth=smooth)
+    return out
+
+
+def running_mean(values: list[float], window: int) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
     return out
 
 
@@ -127,9 +148,10 @@ def run_labels(runs: list[Path]) -> dict[Path, str]:
             depth[run] += 1
 
 
-def draw_figure(keys: list[str], series: dict, *, title: str = ""):
+def draw_figure(keys: list[str], series: dict, *, title: str = "", smooth: int = 0):
     """A matplotlib figure with a panel per key and, in each, a line per run that logged
-    the key, labelled with :func:`run_labels`."""
+    the key, labelled with :func:`run_labels`; with ``smooth`` > 1 the line is faint and
+    its running mean over ``smooth`` points is drawn over it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,13 +164,20 @@ def draw_figure(keys: list[str], series: dict, *, title: str = ""):
     for ax, key in zip(axes.flat, keys, strict=False):
         for run, by_key in series.items():
             points = by_key.get(key)
-            if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], lw=1.2, label=labels[run])
+            if not points:
+                continue
+            steps, values = [p[0] for p in points], [p[1] for p in points]
+            if smooth > 1:
+                (line,) = ax.plot(steps, values, lw=1.0, alpha=0.3)
+                ax.plot(steps, running_mean(values, smooth), lw=1.6, color=line.get_color(),
+                        label=f"{labels[run]}, mean of {smooth}")  # fmt: skip
+            else:
+                ax.plot(steps, values, lw=1.2, label=labels[run])
         ax.set_xlabel("step")
         ax.set_ylabel(LABELS.get(key, key))
         ax.set_title(f"{title}{LABELS.get(key, key)}")
         ax.grid(alpha=0.3)
-        if len(series) > 1:
+        if len(series) > 1 or smooth > 1:
             ax.legend()
     for ax in list(axes.flat)[len(keys) :]:
         ax.set_visible(False)
@@ -156,8 +185,8 @@ def draw_figure(keys: list[str], series: dict, *, title: str = ""):
     return fig
 
 
-def _draw(path: Path, keys: list[str], series: dict, *, title: str) -> None:
-    fig = draw_figure(keys, series, title=title)
+def _draw(path: Path, keys: list[str], series: dict, *, title: str, smooth: int = 0) -> None:
+    fig = draw_figure(keys, series, title=title, smooth=smooth)
     import matplotlib.pyplot as plt  # after draw_figure chose the Agg backend
 
     try:
