@@ -93,3 +93,20 @@ def test_recipes_follow_the_dft_papers_setting():
     assert two_node["objective"] == train["objective"]
     for key in ("learning_rate", "global_batch_size", "num_epochs", "warmup_ratio"):
         assert two_node["training"][key] == t[key], key
+
+
+def test_the_quickstart_scripts_pass_shellcheck():
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
+    scripts = [EXAMPLES / "quickstart" / name for name in ("run.sh", "grpo-longer.sh")]
+    check = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+
+def test_grpo_longer_without_a_quickstart_output_says_what_to_run(tmp_path):
+    proc = subprocess.run(
+        ["bash", str(EXAMPLES / "quickstart" / "grpo-longer.sh")],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "no quickstart output" in proc.stderr and "examples/quickstart/run.sh" in proc.stderr
+    assert not list(tmp_path.iterdir())
