@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,6 +189,17 @@ def grpo_config(root, name, steps=4):
     }
 
 
+def run_grpo(root, name: str, config: dict) -> Path:
+    """``pt-train run`` of ``config`` written to ``root/<name>.yaml``; its run directory."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    pt_train = os.path.join(os.path.dirname(sys.executable), "pt-train")
+    done = subprocess.run([pt_train, "run", path], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return root / "runs" / config["run_name"]
+
+
 @pytest.mark.slow
 def test_grpo_killed_mid_round_and_resumed_ends_with_the_uninterrupted_weights(grpo_world):
     """Two updates per round (the second uses the round's stored old log-probs); SIGTERM
@@ -241,19 +253,11 @@ def test_grpo_killed_mid_round_and_resumed_ends_with_the_uninterrupted_weights(g
 def test_epochs_per_round_train_a_rounds_rows_again_against_its_starting_log_probs(grpo_world):
     """epochs_per_round=2: each round's rows are trained twice, in the same order (the
     same tokens, rewards and advantages at both steps), against the log-probs of the
-    weights the round started from (kept in the round's directory); 4 steps are 2 rounds."""
-    bindir = os.path.dirname(sys.executable)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(grpo_world)}
+    weights the round started from (kept in the round's directory); 8 steps are 4 rounds."""
     config = grpo_config(grpo_world, "epochs", steps=8)
     config["rollout"]["updates_per_round"] = 1
     config["rollout"]["epochs_per_round"] = 2
-    path = grpo_world / "epochs.yaml"
-    path.write_text(yaml.safe_dump(config))
-    done = subprocess.run(
-        [os.path.join(bindir, "pt-train"), "run", path], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 0, done.stderr
-    run = grpo_world / "runs" / "epochs"
+    run = run_grpo(grpo_world, "epochs", config)
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [0, 0, 1, 1, 2, 2, 3, 3]
     rounds = sorted((run / "rounds").iterdir())
@@ -342,18 +346,10 @@ def test_dynamic_sampling_trains_on_groups_whose_rewards_differ(grpo_world):
     differ and tops up with groups of further prompts (at most max_tries times); only what
     is still short is filled with all-equal groups, and the counts say so. sampled_reward
     is the mean over every sample the round drew, dropped groups too."""
-    bindir = os.path.dirname(sys.executable)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(grpo_world)}
     config = grpo_config(grpo_world, "dynamic", steps=6)
     config["objective"]["dynamic_sampling"] = {"enabled": True, "max_tries": 2}
     config["rollout"]["updates_per_round"] = 1
-    path = grpo_world / "dynamic.yaml"
-    path.write_text(yaml.safe_dump(config))
-    done = subprocess.run(
-        [os.path.join(bindir, "pt-train"), "run", path], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 0, done.stderr
-    rounds = sorted((grpo_world / "runs" / "dynamic" / "rounds").iterdir())
+    rounds = sorted((run_grpo(grpo_world, "dynamic", config) / "rounds").iterdir())
     assert len(rounds) == 6
     topped_up = 0
     for directory in rounds:
