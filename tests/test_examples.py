@@ -22,6 +22,12 @@ TRAIN_CONFIGS = sorted(EXAMPLES.glob("*/train.yaml")) + [
 ]
 
 
+def assert_shellcheck_passes(*scripts: Path) -> None:
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
+    check = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+
 def _ids(paths):
     return [str(p.relative_to(EXAMPLES)) for p in paths]
 
@@ -65,10 +71,8 @@ def test_the_two_node_recipe_renders_a_script_that_passes_shellcheck(cli, tmp_pa
     assert "--signal=B:USR1@300" in script
     assert "scontrol show hostnames" in script
     assert not list(tmp_path.iterdir()), "a dry run writes nothing"
-    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
     (tmp_path / "job.sh").write_text(script)
-    check = subprocess.run([shellcheck, str(tmp_path / "job.sh")], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout
+    assert_shellcheck_passes(tmp_path / "job.sh")
 
 
 def test_recipes_follow_the_dft_papers_setting():
@@ -96,10 +100,7 @@ def test_recipes_follow_the_dft_papers_setting():
 
 
 def test_the_quickstart_scripts_pass_shellcheck():
-    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
-    scripts = [EXAMPLES / "quickstart" / name for name in ("run.sh", "grpo-longer.sh")]
-    check = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout
+    assert_shellcheck_passes(*(EXAMPLES / "quickstart" / n for n in ("run.sh", "grpo-longer.sh")))
 
 
 def test_grpo_longer_without_a_quickstart_output_says_what_to_run(tmp_path):

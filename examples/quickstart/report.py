@@ -13,6 +13,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from pt_train.plot import running_mean
+
 # (grades and run name, row label, what it is)
 MODELS = (
     ("untrained", "untrained", "random weights"),
@@ -81,11 +83,10 @@ def plot_curves(out: Path) -> Path:
                 )
                 if key in SMOOTH:  # and its running mean over SMOOTH rounds
                     window = SMOOTH[key]
-                    means = [sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1))
-                             for i in range(len(values))]  # fmt: skip
                     ax.plot(
-                        steps, means, color=line[0].get_color(), label=f"{label}, mean of {window}"
-                    )
+                        steps, running_mean(values, window), color=line[0].get_color(),
+                        label=f"{label}, mean of {window}",
+                    )  # fmt: skip
         ax.set_title(title)
         ax.set_xlabel("optimizer step")
         if log_scale:

@@ -189,13 +189,18 @@ def grpo_config(root, name, steps=4):
     }
 
 
-def run_grpo(root, name: str, config: dict) -> Path:
-    """``pt-train run`` of ``config`` written to ``root/<name>.yaml``; its run directory."""
+def pt_train_run(root, name: str, config: dict) -> subprocess.CompletedProcess:
+    """``pt-train run`` of ``config`` written to ``root/<name>.yaml``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     pt_train = os.path.join(os.path.dirname(sys.executable), "pt-train")
-    done = subprocess.run([pt_train, "run", path], capture_output=True, text=True, env=env)
+    return subprocess.run([pt_train, "run", path], capture_output=True, text=True, env=env)
+
+
+def run_grpo(root, name: str, config: dict) -> Path:
+    """A run of ``config`` that must succeed; its run directory."""
+    done = pt_train_run(root, name, config)
     assert done.returncode == 0, done.stderr
     return root / "runs" / config["run_name"]
 
@@ -286,15 +291,10 @@ def test_epochs_per_round_train_a_rounds_rows_again_against_its_starting_log_pro
 
 
 def test_max_steps_must_be_whole_rounds_of_updates_and_epochs(grpo_world):
-    bindir = os.path.dirname(sys.executable)
     config = grpo_config(grpo_world, "bad-epochs", steps=5)
     config["rollout"]["updates_per_round"] = 1
     config["rollout"]["epochs_per_round"] = 2
-    path = grpo_world / "bad-epochs.yaml"
-    path.write_text(yaml.safe_dump(config))
-    done = subprocess.run(
-        [os.path.join(bindir, "pt-train"), "run", path], capture_output=True, text=True
-    )
+    done = pt_train_run(grpo_world, "bad-epochs", config)
     assert done.returncode == 2
     assert "epochs_per_round=2" in done.stderr and "max_steps" in done.stderr
     assert "Traceback" not in done.stderr

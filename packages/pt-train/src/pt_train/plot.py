@@ -78,13 +78,9 @@ def plot_runs(
 
 def running_mean(values: list[float], window: int) -> list[float]:
     """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
+    return [
+        sum(values[max(0, i - window + 1) : i + 1]) / min(i + 1, window) for i in range(len(values))
+    ]
 
 
 def load_series(
