@@ -5,6 +5,7 @@ passes shellcheck."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -110,4 +111,15 @@ def test_grpo_longer_without_a_quickstart_output_says_what_to_run(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2
     assert "no quickstart output" in proc.stderr and "examples/quickstart/run.sh" in proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_grpo_longer_names_a_bad_step_count_before_it_writes(tmp_path):
+    proc = subprocess.run(
+        ["bash", str(EXAMPLES / "quickstart" / "grpo-longer.sh")],
+        capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "PT_GRPO_STEPS": "abc"},
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == "error: PT_GRPO_STEPS=abc is not a number of steps"
     assert not list(tmp_path.iterdir())

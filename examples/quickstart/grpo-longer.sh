@@ -19,6 +19,11 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} TOKENIZERS_PARALLELISM=false
 export PATH="$REPO/.venv/bin:$PATH"
 
+if [[ ! "$STEPS" =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: PT_GRPO_STEPS=$STEPS is not a number of steps" >&2
+    echo "hint: a whole number above 0, e.g. PT_GRPO_STEPS=200" >&2
+    exit 2
+fi
 if [[ ! -f "$OUT/manifest-sft.json" || ! -f "$OUT/grades-sft.json" ]]; then
     echo "error: no quickstart output in $OUT (manifest-sft.json, grades-sft.json)" >&2
     echo "hint: run 'bash examples/quickstart/run.sh' first, or set PT_QUICKSTART_OUT" >&2
@@ -28,14 +33,17 @@ cd "$OUT"
 accuracy() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['accuracy'])" "$1"; }
 
 started=$(date +%s)
-rm -rf "runs/$NAME"
+trap 'rm -f "manifest-$NAME.json.tmp" "grades-$NAME.json.tmp"' EXIT
+rm -rf "runs/$NAME" "manifest-$NAME.json" "grades-$NAME.json"  # no figures of an earlier run
 pt-train run "$HERE/grpo.yaml" run_name="$NAME" rollout.samples_per_prompt=4 \
-    training.max_steps="$STEPS" > "manifest-$NAME.json"
+    training.max_steps="$STEPS" > "manifest-$NAME.json.tmp"
+mv "manifest-$NAME.json.tmp" "manifest-$NAME.json"  # only a finished run has a manifest
 seconds=$(( $(date +%s) - started ))
 model=$(python3 -c "import json; print(json.load(open('manifest-$NAME.json'))['path'])")
 pt-rollout generate --model "$model" --prompts data/test-prompts --engine hf --n 4 \
     --temperature 0.6 --max-tokens 40 --seed 0 --out "rollouts/$NAME.jsonl" \
-    | pt-eval grade - --out "grades/$NAME.jsonl" > "grades-$NAME.json"
+    | pt-eval grade - --out "grades/$NAME.jsonl" > "grades-$NAME.json.tmp"
+mv "grades-$NAME.json.tmp" "grades-$NAME.json"
 pt-train plot "runs/$NAME" --key sampled_reward --smooth 10 --out grpo-longer.png > /dev/null
 
 python3 - "$(accuracy grades-sft.json)" "$(accuracy "grades-$NAME.json")" "$STEPS" "$seconds" <<'EOF'

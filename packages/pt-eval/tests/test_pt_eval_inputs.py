@@ -210,3 +210,23 @@ def test_usage_errors_are_one_line(cli, tmp_path):
     _fails_cleanly(proc, "Invalid value for '--timeout'")
     proc = cli("pt-eval", "grade", "x.jsonl", "--numeric-tolerance", "2", check=False)
     _fails_cleanly(proc, "--numeric-tolerance")
+
+
+def test_grade_rows_draws_its_bar_unless_told_not_to(monkeypatch):
+    """A caller that grades a small batch at every step of its own (GRPO's rewards) turns
+    the per-call bar off; a plain call keeps it."""
+    import io
+
+    from rich.console import Console
+
+    from pt_core import log
+    from pt_eval.grade import GradeOptions, grade_rows
+
+    rows = [{"id": 0, "completion": "\\boxed{4}", "answer": "4"}]
+    options = GradeOptions(pred_key="completion", gold_key="answer", id_key="id", workers=1)
+    for show, drawn in ((True, True), (False, False)):
+        out = io.StringIO()
+        monkeypatch.setattr(log, "console", Console(file=out, force_terminal=True, width=80))
+        graded, _ = grade_rows(rows, options, show_progress=show)
+        assert graded[0]["correct"] is True
+        assert ("grading" in out.getvalue()) is drawn

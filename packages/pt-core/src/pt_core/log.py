@@ -45,9 +45,10 @@ def is_quiet() -> bool:
     return _state["quiet"]
 
 
-def progress(*extra_columns, transient: bool = False) -> Progress:
-    """A rich progress bar on stderr, disabled under --quiet or when stderr is not a terminal
-    and output would only be noise in a log file."""
+def progress(*extra_columns, transient: bool = False, disable: bool = False) -> Progress:
+    """A rich progress bar on stderr, disabled under --quiet, by ``disable`` (work that is a
+    part of a step another bar shows), or when stderr is not a terminal and output would
+    only be noise in a log file."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -57,7 +58,7 @@ def progress(*extra_columns, transient: bool = False) -> Progress:
         TimeRemainingColumn(),
         console=console,
         transient=transient,
-        disable=_state["quiet"],
+        disable=disable or _state["quiet"],
     )
 
 

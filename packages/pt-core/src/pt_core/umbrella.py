@@ -28,7 +28,10 @@ from pt_core.errors import PtError
 # importing every tool.
 TOOLS = {
     "data": ("pt-data", "Load, transform, mix, template, tokenize, pack and inspect datasets."),
-    "train": ("pt-train", "Train causal language models with DeepSpeed (SFT, DFT, ASFT, DPO, OPD, GRPO)."),
+    "train": (
+        "pt-train",
+        "Train causal language models with DeepSpeed (SFT, DFT, ASFT, DPO, OPD, GRPO).",
+    ),
     "rollout": ("pt-rollout", "Generate rollouts and score them with a teacher (vLLM or HF)."),
     "eval": ("pt-eval", "Extract and grade math answers; pass@k and benchmark runs."),
     "slurm": ("pt-slurm", "Render, submit and watch self-requeueing SLURM jobs."),

@@ -203,8 +203,10 @@ def grade_rows(
     *,
     source: str = "<rows>",
     pool: GradingPool | None = None,
+    show_progress: bool = True,
 ) -> tuple[list[dict], dict]:
-    """Grade rows in memory; return the graded rows and the summary."""
+    """Grade rows in memory; return the graded rows and the summary. ``show_progress``
+    False: no bar (a caller grading many small batches shows its own)."""
     if not rows:
         raise InputError(f"{source}: no rows to grade")
     first = rows[0]
@@ -234,7 +236,7 @@ def grade_rows(
     own_pool = pool is None
     pool = pool or GradingPool(options.workers, options.timeout, policy=options.policy)
     try:
-        with progress() as bar:
+        with progress(disable=not show_progress) as bar:
             task = bar.add_task("grading", total=len(items))
             results = pool.grade(items, progress=lambda n: bar.advance(task, n))
     finally:

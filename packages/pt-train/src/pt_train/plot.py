@@ -34,7 +34,9 @@ def plot_metrics(
     with its running mean over that many points on top. Returns the files written."""
     keys = tuple(dict.fromkeys(keys))  # a key given twice is drawn once
     if smooth < 0:
-        raise InputError(f"--smooth {smooth}", hint="give a number of points, 0 or more")
+        raise InputError(
+            f"--smooth {smooth} is negative", hint="give a number of points, 0 or more"
+        )
     if out is not None:
         return [plot_runs(run_dirs, out, keys, smooth)]
     if len(run_dirs) > 1:

@@ -381,6 +381,7 @@ class GRPO(Objective):
              for i, r in enumerate(rows)],
             GradeOptions(pred_key="completion", gold_key="answer", id_key="id"),
             pool=self._grading_pool(),
+            show_progress=False,  # a round's grading is part of the step the trainer's bar shows
         )  # fmt: skip
         statuses = {"timeout": 0, "error": 0, "no_answer": 0}
         rewards = np.zeros(len(rows))
