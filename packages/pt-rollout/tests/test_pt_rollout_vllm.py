@@ -167,5 +167,113 @@ def test_vllm_cli_generate_equals_hf_rows(tmp_path, tiny_model_dir):
         assert v["completion_logprobs"] == pytest.approx(h["completion_logprobs"], abs=1e-3)
 
 
+def _perturbed_copy(model_dir: Path, out: Path, seed: int) -> Path:
+    """``model_dir``'s model with noise added to every parameter (embedding and, untied,
+    head included), saved by ``save_pretrained`` as a trainer saves a new policy: a tied
+    model's checkpoint holds no ``lm_head.weight``."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            spread = param.std().item() if param.numel() > 1 else 0.0
+            noise = torch.randn(param.shape, generator=generator)
+            param.add_(noise * 0.3 * (spread if spread > 1e-3 else 0.05))
+    model.save_pretrained(str(out))
+    return out
+
+
+def _hf_scores(model_dir: Path, prompts, completions, top_k: int):
+    """Each completion's token log-probs and top-k log-probs from one unpadded float32 HF
+    forward pass per row."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    scores = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0].float()
+        rows = torch.log_softmax(logits, -1)[len(prompt) - 1 : len(prompt) + len(completion) - 1]
+        tokens = rows.gather(-1, torch.tensor(completion)[:, None])[:, 0]
+        top_values, top_ids = rows.topk(top_k, dim=-1)
+        scores.append((tokens, top_ids, top_values))
+    return scores
+
+
+def _max_diff(got: list[dict], expected) -> float:
+    """The largest gap between vLLM's scores and a forward pass's: the completion tokens'
+    log-probs and the top-k log-probs (infinite where the top-k tokens differ)."""
+    worst = 0.0
+    for g, (tokens, top_ids, top_values) in zip(got, expected, strict=True):
+        worst = max(worst, (torch.tensor(g["token_logprobs"]) - tokens).abs().max().item())
+        if g["topk_ids"] != top_ids.tolist():
+            return float("inf")
+        worst = max(worst, (torch.tensor(g["topk_logprobs"]) - top_values).abs().max().item())
+    return worst
+
+
+def _token_diff(got: list[dict], expected) -> float:
+    return max(
+        (torch.tensor(g["token_logprobs"]) - e[0]).abs().max().item()
+        for g, e in zip(got, expected, strict=True)
+    )
+
+
+def test_vllm_load_weights_computes_with_every_new_weight(
+    tmp_path, qwen_tokenizer, qwen2_model_dir, llama3_model_dir
+):
+    # The online loop pushes each round's policy into a running engine with load_weights.
+    # After the push vLLM must score as a plain forward pass of the NEW model does, for a
+    # tied model (Qwen2: the head is the embedding, absent from the checkpoint) and an
+    # untied one (Llama 3), and not from KV cached with the old weights.
+    require_vllm()
+    texts = [("The capital of France is", " Paris, a city on the Seine."),
+             ("def add(a, b):", "\n    return a + b\n"),
+             ("1, 2, 3, 4,", " 5, 6, 7, 8, 9")]  # fmt: skip
+    prompts = [qwen_tokenizer.encode(p) for p, _ in texts]
+    completions = [qwen_tokenizer.encode(c) for _, c in texts]
+    models = {"qwen2 (tied)": qwen2_model_dir, "llama3 (untied)": llama3_model_dir}
+    pushed = {
+        name: _perturbed_copy(model_dir, tmp_path / f"new-{i}", seed=i + 1)
+        for i, (name, model_dir) in enumerate(models.items())
+    }
+    cases = {
+        "cases": [
+            {"model": str(models[name]), "new_weights": str(pushed[name])} for name in models
+        ],
+        "prompts": prompts,
+        "completions": completions,
+        "top_k": TOP_K,
+    }
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    run_in_vllm_env(
+        [VLLM_BIN / "python", HERE / "vllm_reload_session.py", tmp_path / "cases.json",
+         tmp_path / "results.json"],
+        cwd=tmp_path,
+    )  # fmt: skip
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    failures = []
+    for name, result in zip(models, results, strict=True):
+        old = _hf_scores(models[name], prompts, completions, TOP_K)
+        new = _hf_scores(pushed[name], prompts, completions, TOP_K)
+        moved = max((o[0] - n[0]).abs().max().item() for o, n in zip(old, new, strict=True))
+        before = _max_diff(result["before"], old)
+        after = _max_diff(result["after"], new)
+        stale = _token_diff(result["after"], old)
+        print(
+            f"{name}: vLLM vs HF on the old weights {before:.2e}; after load_weights, vs "
+            f"the new model {after:.2e} (token log-probs {_token_diff(result['after'], new):.2e}"
+            f"), vs the old one {stale:.2e}; the push moves log-probs by up to {moved:.2f}; "
+            f"load_weights {result['load_s']:.2f}s"
+        )
+        assert moved > 0.1, f"{name}: the perturbation must change the log-probs"
+        assert stale > 0.1, f"{name}: vLLM still scores with the old weights"
+        assert before <= 1e-4, f"{name}: vLLM differs from HF on the original weights"
+        if after > 1e-4:
+            failures.append(f"{name}: max abs diff {after:.2e} from the new model's log-probs")
+    assert not failures, "; ".join(failures)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -78,6 +78,7 @@ class VLLMEngine(Engine):
             max_logprobs=max_logprobs,
             enable_prefix_caching=True,
             enforce_eager=enforce_eager,
+            worker_extension_cls=f"{__name__}.WeightPushExtension",
             **extra,
         )
         self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
@@ -215,9 +216,12 @@ class VLLMEngine(Engine):
         return results
 
     def load_weights(self, path: str) -> None:
-        """New weights from checkpoint directory ``path``, loaded in place by every worker;
-        the prefix cache (KV of the old weights) is dropped."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+        """New weights from checkpoint directory ``path``, loaded in place by every worker
+        (tied heads included, see :class:`WeightPushExtension`); the prefix cache (KV of
+        the old weights) is dropped."""
+        rebuilt = self.llm.collective_rpc("pt_reload_weights", args=(str(path),))
+        if any(rebuilt):
+            log.debug("vllm: CPU GEMM of tied layers rebuilt after the load: %s", rebuilt[0])
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
@@ -227,6 +231,75 @@ class VLLMEngine(Engine):
             if shutdown is not None:
                 shutdown()
             self.llm = None
+
+
+class WeightPushExtension:
+    """Mixed into every vLLM worker (vLLM's ``worker_extension_cls``): an in-place weight
+    push that leaves no layer computing with the old weights.
+
+    vLLM's ``reload_weights`` loads the checkpoint layer by layer and re-runs each loaded
+    layer's ``process_weights_after_loading``. On the CPU backend that step gives a layer
+    its GEMM (``dispatch_cpu_unquantized_gemm``: a oneDNN handle or an SGL-packed weight,
+    each a copy of the weight in the kernel's layout, behind ``layer.cpu_linear``). A tied
+    head (``tie_word_embeddings``: ``lm_head.weight`` *is* ``embed_tokens.weight``) has no
+    tensor of its own in the checkpoint, so the reload never processes it: its weight
+    reads the new embedding while its packed copy, the one the logits are computed with,
+    is still the old one. Here every layer whose CPU GEMM the reload left in place while
+    its weight is shared with another layer gets the GEMM rebuilt from the weight it
+    holds, by its own quantization method. Other platforms multiply by the weight itself
+    and need nothing more.
+    """
+
+    def pt_reload_weights(self, weights_path: str) -> list[str]:
+        """``reload_weights(weights_path=...)``, then the CPU GEMMs it left stale rebuilt;
+        returns the names of the rebuilt layers."""
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            self.reload_weights(weights_path=weights_path)
+            return []
+        model = self.model_runner.get_model()
+        before = {name: m.cpu_linear for name, m in _cpu_gemm_layers(model)}
+        self.reload_weights(weights_path=weights_path)
+        return _rebuild_tied_cpu_gemms(model, before)
+
+
+def _cpu_gemm_layers(model):
+    """(name, layer) of the layers with a CPU GEMM built from a weight they keep (vLLM's
+    unquantized embedding method: embeddings and LM heads)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    for name, layer in model.named_modules():
+        weight = layer._parameters.get("weight")
+        if (
+            isinstance(getattr(layer, "quant_method", None), UnquantizedEmbeddingMethod)
+            and hasattr(layer, "cpu_linear")
+            and weight is not None
+            and weight.ndim == 2
+            and weight.numel() > 0
+            and not weight.is_meta
+        ):
+            yield name, layer
+
+
+def _rebuild_tied_cpu_gemms(model, before: dict) -> list[str]:
+    """Rebuild the CPU GEMM of each layer that still has the one it had ``before`` a reload
+    although its weight is shared with another layer (a tied head, whose weight the reload
+    updated through the layer it is tied to)."""
+    import torch
+
+    holders: dict[int, int] = {}
+    for layer in model.modules():
+        for param in layer._parameters.values():
+            if param is not None:
+                holders[id(param)] = holders.get(id(param), 0) + 1
+    rebuilt = []
+    with torch.no_grad():
+        for name, layer in _cpu_gemm_layers(model):
+            if layer.cpu_linear is before.get(name) and holders[id(layer.weight)] > 1:
+                layer.quant_method.process_weights_after_loading(layer)
+                rebuilt.append(name)
+    return rebuilt
 
 
 def _quiet_vllm_logging() -> None:
