@@ -12,14 +12,11 @@ latest ``inference/step-N`` rather than silently read: the rollouts name the exa
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from pt_core.errors import InputError
+from pt_core.hub import looks_like_hub_name, require_local_or_hub
 from pt_core.manifest import read_manifest
-
-# A hub repository id: "name" or "namespace/name" of letters, digits, '-', '_' and '.'.
-_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
 def one_stdin_input(**inputs: str | os.PathLike | None) -> None:
@@ -47,8 +44,14 @@ def resolve_model(value: str | os.PathLike, *, option: str = "--model") -> str:
     path = Path(text).expanduser()
     if path.exists():
         return _checkpoint_dir(path, option, option)
-    if _looks_like_hub_name(text):
-        _require_cached_when_offline(text, option)
+    if looks_like_hub_name(text):
+        # offline, or with no route to the hub, a name the cache lacks fails now, not after
+        # the engine's ~50 s of retries
+        require_local_or_hub(
+            text,
+            option,
+            hint="pass a local checkpoint directory, or download the model once with a network",
+        )
         return text
     raise InputError(
         f"{option} {text}: no such directory",
@@ -97,24 +100,4 @@ def _checkpoint_dir(path: Path, option: str, what: str) -> str:
         f"{what} {path}: not a model directory (no config.json)",
         hint="pass a directory with config.json and weights, such as a pt-train run's "
         "inference/step-N",
-    )
-
-
-def _looks_like_hub_name(text: str) -> bool:
-    return bool(_HUB_NAME.fullmatch(text)) and ".." not in text
-
-
-def _require_cached_when_offline(name: str, option: str) -> None:
-    """Offline, a hub name is only loadable from the local cache: say so before an engine
-    fails on it."""
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    if not constants.HF_HUB_OFFLINE:
-        return
-    if isinstance(try_to_load_from_cache(name, "config.json"), str):
-        return
-    raise InputError(
-        f"{option} {name}: no such directory, and not in the Hugging Face cache "
-        "(HF_HUB_OFFLINE is set)",
-        hint="pass a local checkpoint directory, or download the model once with a network",
     )

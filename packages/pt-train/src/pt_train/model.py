@@ -58,11 +58,22 @@ def build_llama(
     return model
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str, *, key: str = "model.name_or_path"):
+    """The tokenizer at ``path``, which the config key ``key`` gave: runs read it from the
+    model path unless model.tokenizer (or model.init.tokenizer) names another, so a model
+    path that is not there is reported as the model path."""
     from transformers import AutoTokenizer
 
     from pt_core.errors import ConfigError
+    from pt_core.hub import require_local_or_hub
 
+    require_local_or_hub(
+        path,
+        key,
+        error=ConfigError,
+        hint="give a local model directory, or a hub name with a network or in the cache "
+        "(model.tokenizer, when set, is read instead of model.name_or_path)",
+    )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
@@ -82,7 +93,9 @@ def check_same_tokenizer(tokenizer, other_path: str, what: str) -> None:
     from transformers import AutoTokenizer
 
     from pt_core.errors import ConfigError
+    from pt_core.hub import require_local_or_hub
 
+    require_local_or_hub(other_path, f"objective.{what}.path", error=ConfigError)
     try:
         other = AutoTokenizer.from_pretrained(other_path)
     except (OSError, ValueError):
@@ -136,6 +149,9 @@ def load_model(model_cfg, tokenizer, *, dtype, seed: int, fused_ops: bool = Fals
             raise ConfigError(f"model.init: {exc}", hint="change the model.init sizes") from None
         model = model.to(dtype)
     else:
+        from pt_core.hub import require_local_or_hub
+
+        require_local_or_hub(model_cfg.name_or_path, "model.name_or_path", error=ConfigError)
         try:
             model = AutoModelForCausalLM.from_pretrained(model_cfg.name_or_path, dtype=dtype)
         except (OSError, ValueError) as exc:
