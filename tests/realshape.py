@@ -74,7 +74,7 @@ QWEN_CHATML = (
     "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
     "{%- for tool_call in message.tool_calls or [] %}"
     "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' + tool_call.name + '\", \"arguments\": ' }}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' + tool_call.name + \'", "arguments": \' }}'
     "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
     "{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
@@ -140,8 +140,15 @@ def vocab_and_merges(ranks_file: Path) -> tuple[dict[str, int], list[tuple[str, 
 def build_qwen_tokenizer(out_dir: str | Path, *, eos: str = ENDOFTEXT, chat_template=QWEN_CHATML):
     """A Qwen2.5 tokenizer saved to ``out_dir``: with the default ``eos`` a base
     checkpoint's (``<|endoftext|>``), with ``eos="<|im_end|>"`` an instruct one's."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     vocab, merges = vocab_and_merges(qwen_ranks_path())
@@ -182,8 +189,13 @@ def build_model(tokenizer, out_dir: str | Path, *, shape: str, seed: int = 0):
     Hidden 128, head_dim 64, 2 layers; the vocabulary padded to 151,936 as Qwen2.5's is.
     """
     import torch
-    from transformers import GenerationConfig, LlamaConfig, Qwen2Config
-    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     common = dict(
         vocab_size=QWEN25_VOCAB_SIZE,
@@ -219,8 +231,6 @@ def build_model(tokenizer, out_dir: str | Path, *, shape: str, seed: int = 0):
     config.dtype = "float32"
     torch.manual_seed(seed)
     model = cls(config)
-    with torch.no_grad():  # a random model's logits are near-uniform; spread them out
-        model.get_input_embeddings().weight.normal_(0.0, 0.2)
     model.generation_config = GenerationConfig(
         bos_token_id=common["bos_token_id"], eos_token_id=common["eos_token_id"]
     )

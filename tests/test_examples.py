@@ -5,6 +5,7 @@ passes shellcheck."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -123,3 +124,49 @@ def test_grpo_longer_names_a_bad_step_count_before_it_writes(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[0] == "error: PT_GRPO_STEPS=abc is not a number of steps"
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_the_dft_recipe_on_a_base_qwen2_shaped_model(cli, tmp_path, qwen2_model_dir):
+    """The recipe's own data.yaml and train.yaml, run as its README says on a base
+    Qwen2-shaped model of the real-shape fixture (EOS <|endoftext|>, its own template with
+    another system turn), with NuminaMath-shaped rows and CPU-sized overrides: the rows are
+    the recipe's ChatML, and the checkpoint carries that template and ends turns with
+    <|im_end|>, which every generator then stops on."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from pt_rollout.prompts import stop_token_ids
+
+    recipe = tmp_path / "recipe"
+    shutil.copytree(EXAMPLES / "dft-qwen2.5-math", recipe)
+    rows = [
+        {
+            "problem": f"What is {i} + {i}?",
+            "solution": f"{i} + {i} = {2 * i}, so $\\boxed{{{2 * i}}}$.",
+        }
+        for i in range(8)
+    ]
+    (recipe / "numina.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = cli(
+        "pt-data", "build", "data.yaml", f"data.datasets.0.source={recipe / 'numina.jsonl'}",
+        f"data.tokenizer.name_or_path={qwen2_model_dir}",
+        cwd=recipe,
+    )  # fmt: skip
+    info = json.loads((recipe / "out/data/numina-100k/dataset.json").read_text())["tokenizer"]
+    template = (recipe / "chatml-math.jinja").read_text()
+    assert info["template"] == template and info["end_of_turn"] == ["<|im_end|>"]
+    trained = cli(
+        "pt-train", "run", "train.yaml", "--data", "-", f"model.name_or_path={qwen2_model_dir}",
+        "model.attn_implementation=sdpa", "training.precision=fp32",
+        "training.global_batch_size=2", "training.micro_batch_size=1", "launcher.nproc=1",
+        "deepspeed.zero_stage=0", "data.shuffle=false", input=data.stdout, cwd=recipe,
+    )  # fmt: skip
+    checkpoint = json.loads(trained.stdout.strip().splitlines()[-1])["path"]
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    assert tokenizer.chat_template == template and tokenizer.eos_token == "<|im_end|>"
+    assert GenerationConfig.from_pretrained(checkpoint).eos_token_id == [151645, 151643]
+    assert 151645 in stop_token_ids(checkpoint, tokenizer)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 1 + 1?"}], add_generation_prompt=True, tokenize=False
+    )
+    assert prompt.startswith("<|im_start|>system\nPlease reason step by step")

@@ -23,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from pt_core.chat import end_of_turn_ids, tokenizer_fingerprint
 from pt_core.config import config_hash
 from pt_core.errors import ConfigError, InputError
 from pt_core.files import atomic_path, atomic_write_json
@@ -40,8 +41,19 @@ log = get_logger(__name__)
 _PLAIN_FAST_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-def load_tokenizer(name_or_path: str):
-    """A Hugging Face tokenizer from a local directory or a (cached) hub name."""
+def load_tokenizer(
+    name_or_path: str, key: str = "data.tokenizer.name_or_path", hint: str | None = None
+):
+    """A Hugging Face tokenizer from a local directory or a (cached) hub name; ``key`` names
+    where the name came from, for the error when it is neither (with ``hint`` as its fix)."""
+    from pt_core.hub import require_local_or_hub
+
+    require_local_or_hub(
+        name_or_path,
+        key,
+        hint=hint
+        or "give a local tokenizer directory, or a hub name with a network or in the cache",
+    )
     config_file = Path(name_or_path) / "tokenizer_config.json"
     try:
         if config_file.is_file():
@@ -273,7 +285,11 @@ class Builder:
 
         tcfg = self.cfg.tokenizer
         max_len = tcfg.max_seq_length
-        batch = encoder([i.row["messages"] for i in items], ids=[i.row.get("id") for i in items])
+        batch = encoder(
+            [i.row["messages"] for i in items],
+            ids=[i.row.get("id") for i in items],
+            tools=[i.row.get("tools") for i in items],
+        )
         lengths = batch.lengths
         trained = batch.trained_counts()
         if (trained == 0).any():
@@ -376,9 +392,20 @@ class Builder:
         if cfg.tokenizer is not None:
             t = cfg.tokenizer
             train = self.counts.get("train") or next(iter(self.counts.values()))
+            # What a trainer checks before it trains these ids (pt_core.chat): which
+            # vocabulary made them (fingerprint) and the template they were rendered with
+            # (its source: a name or a relative path would not be found again elsewhere).
+            local = Path(t.name_or_path)
             info["tokenizer"] = {
-                "name_or_path": t.name_or_path,
+                "name_or_path": str(local.resolve()) if local.exists() else t.name_or_path,
                 "chat_template": t.chat_template,
+                "template": self.ct.renderer.source,
+                "end_of_turn": [
+                    self.tokenizer.convert_ids_to_tokens(i)
+                    for i in end_of_turn_ids(self.tokenizer, self.ct.renderer.source)
+                ],
+                "fingerprint": tokenizer_fingerprint(self.tokenizer),
+                "vocab_size": len(self.tokenizer),
                 "train_on": t.train_on,
                 "bos_token": self.tokenizer.bos_token,
                 "eos_token": self.tokenizer.eos_token,

@@ -98,7 +98,7 @@ def inspect(
         if tokenizer is not None:
             from pt_data.build import load_tokenizer
 
-            tok = load_tokenizer(tokenizer)
+            tok = load_tokenizer(tokenizer, key="--tokenizer")
         records, _ = inspect_dataset(path, n=n, split=split, tokenizer=tok, skip_bad=skip_bad)
     else:
         from pt_data.config import load_data_config

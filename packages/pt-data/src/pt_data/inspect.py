@@ -56,7 +56,7 @@ def inspect_config(
         ct = _conversation_tokenizer(cfg)
     records = []
     for i in indices:
-        for raw, row, dropped in mixer.transformed(i, limit=n):
+        for k, (raw, row, dropped) in enumerate(mixer.transformed(i, limit=n)):
             rec: dict[str, Any] = {"source": mixer.names[i]}
             if stage == "raw":
                 rec["row"] = raw
@@ -64,18 +64,26 @@ def inspect_config(
                 rec["row"], rec["dropped"] = raw, dropped
             elif stage == "transformed":
                 rec["row"] = row
-            elif "chosen" in row:
-                rec.update(_pair_record(ct, row, stage))
             else:
-                messages = _messages(row)
-                if stage == "formatted":
-                    rec["text"] = ct.renderer.render(messages)
-                else:
-                    ids, labels = ct.encode(messages)
-                    rec["input_ids"], rec["labels"] = ids, labels
-                    rec["tokenizer"] = ct.tokenizer
+                try:
+                    rec.update(_template_record(ct, row, stage))
+                except InputError as exc:
+                    raise InputError(
+                        f"{cfg.datasets[i].source} row {k + 1}: {exc.message}", hint=exc.hint
+                    ) from None
             records.append(rec)
     return records
+
+
+def _template_record(ct, row: dict, stage: str) -> dict[str, Any]:
+    """A transformed row at the formatted or tokenized stage."""
+    if "chosen" in row:
+        return _pair_record(ct, row, stage)
+    messages, tools = _messages(row), row.get("tools")
+    if stage == "formatted":
+        return {"text": ct.render(messages, tools)}
+    ids, labels = ct.encode(messages, tools)
+    return {"input_ids": ids, "labels": labels, "tokenizer": ct.tokenizer}
 
 
 def _pair_record(ct, row: dict, stage: str) -> dict[str, Any]:
@@ -149,7 +157,13 @@ def inspect_dataset(
                     f"{p}: tokenized rows but no tokenizer recorded in dataset.json",
                     hint="pass --tokenizer DIR (the model's tokenizer directory)",
                 )
-            tokenizer = load_tokenizer(name)
+            if not Path(name).is_absolute() and (Path(p) / name).is_dir():
+                name = str(Path(p) / name)  # older datasets kept the path as typed
+            tokenizer = load_tokenizer(
+                name,
+                key=f"{Path(p) / 'dataset.json'}: tokenizer.name_or_path",
+                hint="pass --tokenizer DIR (the model's tokenizer directory)",
+            )
         if pair:
             records.append({"source": f"{split} row {k}", "pair": row, "tokenizer": tokenizer})
         elif "input_ids" in row:

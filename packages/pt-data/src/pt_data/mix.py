@@ -16,8 +16,8 @@ Semantics, all deterministic under ``seed``:
   falls below the fraction, so every copy of a row (weights > 1) lands in the same split
   and no prompt is both trained on and validated on.
 * Filters drop rows with a malformed message (no role, non-text content), an empty
-  turn, no assistant content, or more than ``filters.max_chars`` characters; every
-  drop is counted per dataset and reason.
+  turn (an assistant turn of tool calls is not empty), no assistant content, or more
+  than ``filters.max_chars`` characters; every drop is counted per dataset and reason.
 """
 
 from __future__ import annotations
@@ -93,10 +93,16 @@ def filter_reason(row: dict, kind: str, cfg: DataConfig) -> str | None:
             for m in msgs
         ):
             return "malformed_message"  # no role, or content that is not text
-        if f.drop_empty_turns and any(not m["content"].strip() for m in msgs):
+        # an assistant turn of tool calls has no text and is not empty: the calls are its reply
+        if f.drop_empty_turns and any(
+            not m["content"].strip() and not m.get("tool_calls") for m in msgs
+        ):
             return "empty_turn"
         assistant = [m for m in msgs if m.get("role") == "assistant"]
-        if not assistant or sum(len(m["content"]) for m in assistant) <= f.min_assistant_chars:
+        calls = any(m.get("tool_calls") for m in assistant)
+        if not assistant or (
+            not calls and sum(len(m["content"]) for m in assistant) <= f.min_assistant_chars
+        ):
             return "no_assistant"
         text_len = sum(len(m["content"]) for m in msgs if isinstance(m.get("content"), str))
     elif kind == "preferences":

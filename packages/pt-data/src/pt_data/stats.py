@@ -143,7 +143,11 @@ def lengths_from_config(
     )
     out: dict[str, dict[str, list[int]]] = defaultdict(lambda: {"lengths": [], "trained": []})
     with ParallelEncoder(ct, cfg.num_proc) as encode:
-        batch = encode([i.row["messages"] for i in items], ids=[i.row.get("id") for i in items])
+        batch = encode(
+            [i.row["messages"] for i in items],
+            ids=[i.row.get("id") for i in items],
+            tools=[i.row.get("tools") for i in items],
+        )
     for item, n, t in zip(
         items, batch.lengths.tolist(), batch.trained_counts().tolist(), strict=True
     ):

@@ -1,4 +1,5 @@
-"""Chat templates: the tokenizer's own, a named one from a small registry, or a Jinja file.
+"""Chat templates: the tokenizer's own, a named one from pt-core's small registry
+(:mod:`pt_core.chat`), or a Jinja file.
 
 A template is rendered here with the same Jinja environment settings Hugging Face
 uses (``trim_blocks``, ``lstrip_blocks``, ``raise_exception``, ``tojson``), compiled
@@ -9,60 +10,12 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
+from pt_core.chat import CHATML, PLAIN, TEMPLATES, resolve_template
 from pt_core.errors import ConfigError, InputError
 
-# ChatML with one BOS at the start (the BOS is omitted by tokenizers that have none).
-CHATML = (
-    "{% if bos_token %}{{ bos_token }}{% endif %}"
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-# Plain "Role: text" turns for base models without special tokens; EOS ends each assistant turn.
-PLAIN = (
-    "{% if bos_token %}{{ bos_token }}{% endif %}"
-    "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}{{ message['content'] + '\\n\\n' }}"
-    "{% elif message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\\n\\n' }}"
-    "{% else %}{{ 'Assistant: ' + message['content'] + eos_token + '\\n\\n' }}{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'Assistant: ' }}{% endif %}"
-)
-
-TEMPLATES: dict[str, str] = {"chatml": CHATML, "plain": PLAIN}
-
-
-def resolve_template(tokenizer: Any, chat_template: str | None) -> str:
-    """The Jinja source to use: ``None`` means the tokenizer's own template; a registered
-    name (``chatml``, ``plain``); a path to a ``.jinja`` file; or a literal Jinja string."""
-    if chat_template is None:
-        own = getattr(tokenizer, "chat_template", None)
-        if isinstance(own, dict):  # some tokenizers keep several named templates
-            own = own.get("default") or next(iter(own.values()), None)
-        if not own:
-            raise ConfigError(
-                f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template",
-                hint=f"set data.tokenizer.chat_template to one of {', '.join(TEMPLATES)} "
-                "or to a .jinja file",
-            )
-        return own
-    if chat_template in TEMPLATES:
-        return TEMPLATES[chat_template]
-    if "{" not in chat_template:
-        path = Path(chat_template)
-        if path.is_file():
-            return path.read_text(encoding="utf-8")
-        raise ConfigError(
-            f"chat_template {chat_template!r} is neither a known template nor a file",
-            hint=f"use one of {', '.join(TEMPLATES)}, a path to a .jinja file, or leave it "
-            "unset to use the tokenizer's own template",
-        )
-    return chat_template
+__all__ = ["CHATML", "PLAIN", "TEMPLATES", "Renderer", "compile_template", "resolve_template"]
 
 
 def _raise(message: str):
@@ -138,14 +91,25 @@ class Renderer:
             "unk_token": getattr(tokenizer, "unk_token", None) or "",
         }
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    def render(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = False,
+        tools: list[dict] | None = None,
+    ) -> str:
+        """``tools`` (tool schemas) is passed as ``apply_chat_template`` passes it: always,
+        None when there are none, so templates that test ``if tools`` see the same."""
         from jinja2.exceptions import TemplateError
 
         try:
             return self.template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **self.context
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                **self.context,
             )
-        except TemplateError as exc:
+        except (TemplateError, TypeError) as exc:
+            # TypeError: the template joined a value of the messages that is not text
             raise InputError(
                 f"chat template failed to render a conversation: {exc}",
                 hint="check the roles and order of the messages, or use another template",

@@ -10,6 +10,11 @@ not the model's output. Character spans become token spans through the fast
 tokenizer's offsets, on the one encoding of the whole text, so the ids are exactly
 what the tokenizer produces for the rendered conversation.
 
+Messages are taken in the OpenAI/HF shapes (:func:`check_messages`): content as a list
+of text parts, assistant turns with ``tool_calls`` (trained, like any assistant turn:
+the calls are what the model must emit) and ``tool`` turns (inputs, never trained). A
+row's ``tools`` reach the template as ``tools``, as ``apply_chat_template`` passes them.
+
 Labels are aligned with ``input_ids`` (``labels[t]`` is the target *at* position
 ``t``; the model shifts them, as Hugging Face causal LMs do) and hold -100 where
 there is no loss.
@@ -21,6 +26,7 @@ by default, used with a template that writes none, gets one prepended.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 from collections.abc import Sequence
@@ -44,22 +50,123 @@ class NoTrainableTokens(InputError):
     drops assistant content): an error rather than a silent zero loss."""
 
 
+# Message keys that chat templates read besides role and content (tool use).
+TOOL_KEYS = ("tool_calls", "tool_call_id", "name")
+
+
+def text_of_parts(parts: list, where: str) -> str:
+    """The text of OpenAI/HF content parts (``[{"type": "text", "text": ...}]``), joined
+    with newlines as vLLM's OpenAI server joins them, so that training renders the text
+    that serving renders. Any other part (an image, audio) is refused: pt trains on text."""
+    texts = []
+    for k, part in enumerate(parts):
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type") == "text":
+            if not isinstance(part.get("text"), str):
+                raise InputError(f"{where}: text part {k} has no string 'text'")
+            texts.append(part["text"])
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise InputError(
+                f"{where}: content part {k} is {kind!r}, not text",
+                hint='keep only {"type": "text", "text": ...} parts (pt trains text-only '
+                "models): drop the image/audio parts or the row in a transform",
+            )
+    return "\n".join(texts)
+
+
+def _tool_call(call: Any, where: str) -> dict:
+    """One tool call with its ``arguments`` as a dict: OpenAI's format holds them as a JSON
+    string, and tool-use chat templates expect a mapping (they would quote the string)."""
+    function = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise InputError(
+            f"{where}: a tool call must be {{function: {{name, arguments}}}} or "
+            f"{{name, arguments}}, got {call!r}"
+        )
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{where}: the arguments of tool call {function['name']!r} are not JSON ({exc})",
+            hint="give arguments as an object or as a JSON string of one",
+        ) from None
+    function = {**function, "arguments": parsed}
+    return {**call, "function": function} if "function" in call else function
+
+
+def as_template_message(message: dict, where: str) -> dict:
+    """``message`` as chat templates read it: content parts joined into text, tool-call
+    arguments as dicts, and ``content`` "" on an assistant turn made only of tool calls
+    (templates test ``if message.content``). The same dict when nothing needs changing."""
+    content = message.get("content")
+    tool_calls = message.get("tool_calls")
+    if isinstance(content, str) and not tool_calls:
+        return message
+    out = dict(message)
+    if isinstance(content, list):
+        out["content"] = text_of_parts(content, where)
+    if tool_calls is not None:
+        if not isinstance(tool_calls, list):
+            raise InputError(
+                f"{where}: 'tool_calls' is {type(tool_calls).__name__}; expected a list"
+            )
+        out["tool_calls"] = [_tool_call(c, where) for c in tool_calls]
+        if content is None:
+            out["content"] = ""
+    return out
+
+
 def check_messages(messages: Any, where: str = "conversation") -> list[dict]:
-    """Messages must be a non-empty list of ``{role, content}`` with string content."""
+    """Messages must be a non-empty list of ``{role, content}`` with text content (a string
+    or text parts); an assistant turn may carry ``tool_calls`` instead of content. Returns
+    them as chat templates read them (:func:`as_template_message`)."""
     if not isinstance(messages, list) or not messages:
         raise InputError(
             f"{where}: 'messages' must be a non-empty list of {{role, content}}, "
             f"got {type(messages).__name__}"
         )
+    out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+        if (
+            not isinstance(m, dict)
+            or "role" not in m
+            or not ("content" in m or m.get("tool_calls"))
+        ):
             keys = list(m) if isinstance(m, dict) else type(m).__name__
             raise InputError(f"{where}: message {i} needs 'role' and 'content', has {keys}")
+        m = as_template_message(m, f"{where}: message {i}")
         if not isinstance(m["content"], str):
             raise InputError(
-                f"{where}: message {i} content is {type(m['content']).__name__}, expected a string"
+                f"{where}: message {i} content is {type(m['content']).__name__}, expected a "
+                "string or a list of text parts"
             )
-    return messages
+        out.append(m)
+    return out
+
+
+def check_tools(tools: Any, where: str = "conversation") -> list[dict] | None:
+    """A row's ``tools`` column as the chat template takes it: a list of tool schemas (a
+    JSON string of one, as some datasets store it, is parsed), or None."""
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as exc:
+            raise InputError(
+                f"{where}: column 'tools' is a string but not JSON ({exc})",
+                hint="give tools as a list of JSON schemas, or as a JSON string of one",
+            ) from None
+    if tools is None or (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return tools
+    raise InputError(
+        f"{where}: column 'tools' holds {type(tools).__name__}; expected a list of tool "
+        "schemas ({type: function, function: {name, description, parameters}})",
+        hint="give tools as a list of JSON schemas, or drop the column",
+    )
 
 
 class ConversationTokenizer:
@@ -84,12 +191,25 @@ class ConversationTokenizer:
 
     # ------------------------------------------------------------------ text and spans
 
+    def render(self, messages: list[dict], tools: Any = None) -> str:
+        """The text of one conversation (its messages and the row's ``tools``)."""
+        return self.renderer.render(check_messages(messages), tools=check_tools(tools))
+
     def render_with_spans(
-        self, messages: list[dict], targets: Sequence[int] | None = None
+        self, messages: list[dict], targets: Sequence[int] | None = None, tools: Any = None
     ) -> tuple[str, list[tuple[int, int]]]:
         """The rendered conversation and the character spans that carry loss: those of the
-        assistant messages that ``train_on`` selects, or of the message indices ``targets``."""
-        render = self.renderer.render
+        assistant messages that ``train_on`` selects, or of the message indices ``targets``.
+
+        An assistant turn made only of tool calls is a target like any other (the model
+        must learn to emit the calls); ``tool`` turns are inputs, as user turns are. The
+        row's ``tools`` reach the template as ``tools``, as in ``apply_chat_template``."""
+        messages = check_messages(messages)
+        tools = check_tools(tools)
+
+        def render(msgs: list[dict], add_generation_prompt: bool = False) -> str:
+            return self.renderer.render(msgs, add_generation_prompt, tools=tools)
+
         full = render(messages)
         if targets is None:
             targets = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -124,7 +244,8 @@ class ConversationTokenizer:
             raise InputError(
                 f"assistant message {index} does not appear in the rendered conversation",
                 hint="the chat template drops or rewrites assistant content; use another "
-                "template (data.tokenizer.chat_template: chatml)",
+                "template, e.g. chatml (pt-data: data.tokenizer.chat_template; pt-train: "
+                "data.chat_template)",
             )
         end = start + len(needle)
         rest = full[end:]
@@ -135,9 +256,19 @@ class ConversationTokenizer:
 
     # ------------------------------------------------------------------ tokens
 
-    def encode_many(self, conversations: Sequence[list[dict]]) -> list[tuple[list, list]]:
-        """``(input_ids, labels)`` per conversation, untruncated."""
-        return self.encode_rendered([self.render_with_spans(m) for m in conversations])
+    def encode_many(
+        self, conversations: Sequence[list[dict]], tools: Sequence[Any] | None = None
+    ) -> list[tuple[list, list]]:
+        """``(input_ids, labels)`` per conversation, untruncated; ``tools``: each
+        conversation's tool schemas (None: none has any)."""
+        return self.encode_rendered(self._render_all(conversations, tools))
+
+    def _render_all(self, conversations, tools) -> list[tuple[str, list[tuple[int, int]]]]:
+        if tools is None:
+            return [self.render_with_spans(m) for m in conversations]
+        return [
+            self.render_with_spans(m, tools=t) for m, t in zip(conversations, tools, strict=True)
+        ]
 
     def encode_rendered(
         self, rendered: Sequence[tuple[str, list[tuple[int, int]]]]
@@ -155,17 +286,19 @@ class ConversationTokenizer:
             out = [self._encode_slow(text, spans) for text, spans in rendered]
         return [self._one_bos(ids, labels) for ids, labels in out]
 
-    def encode(self, messages: list[dict]) -> tuple[list, list]:
-        return self.encode_many([messages])[0]
+    def encode(self, messages: list[dict], tools: Any = None) -> tuple[list, list]:
+        return self.encode_many([messages], [tools])[0]
 
-    def encode_flat(self, conversations: Sequence[list[dict]]) -> EncodedBatch:
+    def encode_flat(
+        self, conversations: Sequence[list[dict]], tools: Sequence[Any] | None = None
+    ) -> EncodedBatch:
         """Like :meth:`encode_many`, straight into flat int32 arrays (the fast path that
         ``pt-data build`` takes: no per-token Python lists for the labels)."""
         import numpy as np
 
         if self.backend is None:
-            return EncodedBatch.from_lists(self.encode_many(conversations))
-        rendered = [self.render_with_spans(m) for m in conversations]
+            return EncodedBatch.from_lists(self.encode_many(conversations, tools))
+        rendered = self._render_all(conversations, tools)
         encodings = self.backend.encode_batch([t for t, _ in rendered], add_special_tokens=False)
         lengths = [len(e) for e in encodings]
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -294,17 +427,19 @@ def tokenize_conversation(
     train_on: TrainOn = "assistant",
     truncate: bool = False,
     chat_template: str | None = None,
+    tools: Any = None,
 ) -> dict:
     """One conversation -> ``{"input_ids": [...], "labels": [...]}``.
 
     ``train_on="assistant"`` trains every assistant turn (content and end-of-turn
-    token), ``"last"`` only the final one. Longer than ``max_seq_length``: raises
-    :class:`TooLong` unless ``truncate`` keeps the first ``max_seq_length`` tokens.
-    A mask with no trained token raises :class:`NoTrainableTokens`.
+    token; an assistant turn of tool calls too), ``"last"`` only the final one; ``tool``
+    turns are never trained. ``tools``: the row's tool schemas, passed to the template.
+    Longer than ``max_seq_length``: raises :class:`TooLong` unless ``truncate`` keeps the
+    first ``max_seq_length`` tokens. A mask with no trained token raises
+    :class:`NoTrainableTokens`.
     """
-    check_messages(messages)
     ct = get_conversation_tokenizer(tokenizer, chat_template, train_on)
-    ids, labels = ct.encode(messages)
+    ids, labels = ct.encode(messages, tools)
     return finish(ids, labels, max_seq_length=max_seq_length, truncate=truncate)
 
 
@@ -437,13 +572,15 @@ class ChunkPool:
         self.close()
 
 
-def _encode_flat(ct: ConversationTokenizer, chunk: list[list[dict]]):
+def _encode_flat(ct: ConversationTokenizer, chunk: list[tuple[list[dict], Any]]):
+    """``chunk``: ``(messages, tools)`` per conversation."""
+    conversations, tools = [m for m, _ in chunk], [t for _, t in chunk]
     try:
-        return ct.encode_flat(chunk)
+        return ct.encode_flat(conversations, tools)
     except InputError:
-        for i, messages in enumerate(chunk):
+        for i, (messages, row_tools) in enumerate(chunk):
             try:
-                ct.encode(messages)
+                ct.encode(messages, row_tools)
             except InputError as exc:
                 return (i, exc.message, exc.hint)
         raise
@@ -452,7 +589,8 @@ def _encode_flat(ct: ConversationTokenizer, chunk: list[list[dict]]):
 class ParallelEncoder(ChunkPool):
     """Tokenize lists of conversations over ``num_proc`` processes (forked once).
 
-    ``encoder(conversations)`` -> :class:`EncodedBatch` in input order.
+    ``encoder(conversations, ids, tools)`` -> :class:`EncodedBatch` in input order;
+    ``tools``: each conversation's tool schemas (its row's ``tools``), or None.
     """
 
     def __init__(
@@ -461,8 +599,15 @@ class ParallelEncoder(ChunkPool):
         super().__init__(_encode_flat, ct, num_proc, chunk_size)
         self.ct = ct
 
-    def __call__(self, conversations: Sequence[list[dict]], ids: Sequence[Any] | None = None):
-        results = self.map_chunks(conversations)
+    def __call__(
+        self,
+        conversations: Sequence[list[dict]],
+        ids: Sequence[Any] | None = None,
+        tools: Sequence[Any] | None = None,
+    ):
+        if tools is None:
+            tools = [None] * len(conversations)
+        results = self.map_chunks(list(zip(conversations, tools, strict=True)))
         self.raise_errors(results, ids, "conversation")
         return EncodedBatch.concat(results)
 

@@ -12,8 +12,8 @@ In a config, ``transform: my_qa`` (once the module defining it is imported), or
 ``transform: my_package.my_module:my_qa`` for any importable function.
 
 Kinds: ``conversations`` (``messages``), ``prompts`` (``id``, ``prompt``, ``answer``),
-``preferences`` (``prompt``, ``chosen``, ``rejected``). Columns ``id``, ``source``
-and ``answer`` of a raw row are carried into conversations.
+``preferences`` (``prompt``, ``chosen``, ``rejected``). Columns ``id``, ``source``,
+``answer`` and ``tools`` of a raw row are carried into conversations.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 
 from pt_core.errors import ConfigError, InputError
 from pt_core.files import require_columns
+from pt_data.tokenize import TOOL_KEYS, as_template_message
 
 KINDS = ("conversations", "prompts", "preferences")
 
@@ -168,7 +169,7 @@ def gold_text(value: Any) -> str:
     return str(value).strip()
 
 
-def _carry(row: dict, out: dict, keys=("id", "source", "answer")) -> dict:
+def _carry(row: dict, out: dict, keys=("id", "source", "answer", "tools")) -> dict:
     for k in keys:
         if k in row and k not in out and row[k] is not None:
             out[k] = gold_text(row[k]) if k == "answer" else row[k]
@@ -176,11 +177,23 @@ def _carry(row: dict, out: dict, keys=("id", "source", "answer")) -> dict:
 
 
 def as_turns(value: Any, role: str, column: str) -> list[dict]:
-    """A string or a message list as a message list."""
+    """A string or a message list as a message list: role and content (text parts joined
+    into text), and the tool-use keys a message has (``tool_calls``, ``tool_call_id``,
+    ``name``). Malformed roles and contents are left for the filters to count."""
     if isinstance(value, str):
         return [{"role": role, "content": value}]
     if isinstance(value, list) and all(isinstance(m, dict) for m in value):
-        return [{"role": m.get("role"), "content": m.get("content")} for m in value]
+        return [
+            as_template_message(
+                {
+                    "role": m.get("role"),
+                    "content": m.get("content"),
+                    **{k: m[k] for k in TOOL_KEYS if m.get(k) is not None},
+                },
+                f"column {column!r} message {i}",
+            )
+            for i, m in enumerate(value)
+        ]
     raise InputError(
         f"column {column!r} holds {type(value).__name__}; expected a string or a list of messages"
     )

@@ -78,6 +78,12 @@ def generate_cmd(
     no_template: bool = flag(
         "--no-template", help="Send string prompts as raw text, without the chat template."
     ),
+    chat_template: str = typer.Option(
+        None,
+        "--chat-template",
+        help="NAME|FILE: prompt with this template (chatml, plain, or a .jinja file) "
+        "instead of the model's own; its end-of-turn token stops generation.",
+    ),
     system: str = typer.Option(None, "--system", help="System prompt for every row."),
     split: str = typer.Option(
         None, "--split", help="Split of a dataset dir (default: test if present, else train)."
@@ -120,6 +126,7 @@ def generate_cmd(
         seeded=_seeding(seeding),
         engine=engine,
         template=not no_template,
+        chat_template=chat_template,
         system=system,
         split=split,
         prompt_key=prompt_key,

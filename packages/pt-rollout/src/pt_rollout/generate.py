@@ -42,6 +42,7 @@ class GenerateOptions:
     seeded: bool = True
     engine: str = "auto"
     template: bool = True
+    chat_template: str | None = None  # a name, .jinja file or Jinja source; None: the model's
     system: str | None = None
     split: str | None = None
     prompt_key: str | None = None
@@ -61,6 +62,13 @@ class GenerateOptions:
             raise ConfigError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        if self.chat_template is not None and not self.template:
+            raise ConfigError(
+                "--chat-template and --no-template contradict each other",
+                hint="drop one: --no-template sends prompts as raw text, without any template",
+            )
+        if self.chat_template is not None and Path(self.chat_template).is_file():
+            self.chat_template = str(Path(self.chat_template).resolve())  # workers may cd
         if self.data_parallel < 1 or self.tensor_parallel < 1:
             raise ConfigError("--data-parallel and --tensor-parallel must be >= 1")
         try:
@@ -166,10 +174,10 @@ def _generate_pending(model, pending, output, options, meter, source) -> str:
     batch appended to ``output`` as it completes. Returns the engine's name."""
     from transformers import AutoTokenizer
 
-    from pt_rollout.prompts import stop_token_ids
+    from pt_rollout.prompts import stop_token_ids, use_chat_template
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    sampling = options.sampling(stop_token_ids(model, tokenizer))
+    tokenizer = use_chat_template(AutoTokenizer.from_pretrained(model), options.chat_template)
+    sampling = options.sampling(stop_token_ids(model, tokenizer, template=options.template))
     token_ids = {}
     for row, _ in pending:
         if row.position not in token_ids:

@@ -70,6 +70,8 @@ def worker_args(options) -> list[str]:
         args.append("--logprobs")
     if not options.template:
         args.append("--no-template")
+    if options.chat_template is not None:
+        args += ["--chat-template", options.chat_template]
     if options.system is not None:
         args += ["--system", options.system]
     if options.gpu_memory_utilization is not None:

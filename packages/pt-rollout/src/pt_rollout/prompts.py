@@ -124,15 +124,33 @@ def prompt_token_ids(
     if getattr(tokenizer, "chat_template", None) is None:
         raise ConfigError(
             "the model's tokenizer has no chat template",
-            hint="pass --no-template to send prompts as raw text",
+            hint="give one with --chat-template NAME|FILE (chatml, plain, or a .jinja file), "
+            "or pass --no-template to send prompts as raw text",
         )
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 
-def stop_token_ids(model: str | os.PathLike, tokenizer) -> tuple[int, ...]:
-    """The tokens that end a completion: the tokenizer's EOS and the generation config's."""
-    ids = set()
+def use_chat_template(tokenizer, chat_template: str | None, *, key: str = "--chat-template"):
+    """Prompt with ``chat_template`` (a name of :data:`pt_core.chat.TEMPLATES`, a .jinja
+    file or Jinja source) instead of the tokenizer's own; ``None`` keeps the tokenizer's."""
+    from pt_core.chat import resolve_template
+
+    if chat_template is not None:
+        tokenizer.chat_template = resolve_template(tokenizer, chat_template, key=key)
+    return tokenizer
+
+
+def stop_token_ids(
+    model: str | os.PathLike, tokenizer, *, template: bool = True
+) -> tuple[int, ...]:
+    """The tokens that end a completion: the tokenizer's EOS, the generation config's, and,
+    when prompts go through the chat template, the token the template ends a reply with (a
+    base model's EOS is ``<|endoftext|>``; trained on ChatML it ends its turn with
+    ``<|im_end|>`` and would otherwise run on past it)."""
+    from pt_core.chat import end_of_turn_ids
+
+    ids = set(end_of_turn_ids(tokenizer)) if template else set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     from transformers import GenerationConfig

@@ -95,6 +95,13 @@ class ModelConfig(Section):
     def tokenizer_path(self) -> str:
         return self.tokenizer or (self.init.tokenizer if self.init else self.name_or_path)
 
+    @property
+    def tokenizer_key(self) -> str:
+        """The config key :attr:`tokenizer_path` comes from, for errors."""
+        if self.tokenizer:
+            return "model.tokenizer"
+        return "model.init.tokenizer" if self.init else "model.name_or_path"
+
 
 class DataConfig(Section):
     path: str | None = None  # --data PATH|- overrides it
@@ -107,6 +114,11 @@ class DataConfig(Section):
     # that hold the prompt once, of at most max_seq_length tokens; sdpa and eager attention
     # (flash_attention_2 packs sequences instead).
     shared_prompt: bool = True
+    # The chat template (chatml, plain, a .jinja file, or Jinja source) that conversations,
+    # untokenized pairs and the online loop's prompts are rendered with here, and that the
+    # checkpoints carry; unset: the one the data were built with (dataset.json), else the
+    # tokenizer's own.
+    chat_template: str | None = None
     # Used only when the data are conversations (not tokenized):
     packing: bool = True
     train_on: Literal["assistant", "last"] = "assistant"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pt_core.chat import resolve_template
 from pt_core.contracts import IGNORE_INDEX
 from pt_core.errors import InputError
 from pt_core.files import iter_rows, require_columns, split_path
@@ -76,7 +77,9 @@ def load_rows(data: DataConfig, path: str | Path, tokenizer) -> list[Row]:
         _warn_unused(data, "tokenized rows", ("packing", "train_on", "truncate", "max_seq_length"))
         out = [_tokenized_row(first, source, 0)]
         out += [_tokenized_row(r, source, i) for i, r in enumerate(rows, start=1)]
+        check_token_ids(((r.input_ids,) for r in out), tokenizer, source)
     elif "messages" in first:
+        resolve_template(tokenizer, None, key="data.chat_template")  # no template: one error
         out = _tokenize_conversations([first, *rows], data, tokenizer)
     elif any(k in first for k in (*PAIR_COLUMNS, "chosen", "rejected")):
         raise InputError(
@@ -103,9 +106,12 @@ def load_pairs(data: DataConfig, path: str | Path, tokenizer) -> list[Pair]:
         raise InputError(f"{source}: no rows", hint="point data.path at a non-empty dataset")
     if all(k in first for k in PAIR_COLUMNS):
         _warn_unused(data, "tokenized pairs", ("max_prompt_length", "max_completion_length"))
-        return [_tokenized_pair(r, source, i) for i, r in enumerate([first, *rows])]
+        pairs = [_tokenized_pair(r, source, i) for i, r in enumerate([first, *rows])]
+        check_token_ids(((p.prompt, p.chosen, p.rejected) for p in pairs), tokenizer, source)
+        return pairs
     if "chosen" in first and "rejected" in first:
         # prompt/chosen/rejected, whole conversations sharing a prompt, or HH texts
+        resolve_template(tokenizer, None, key="data.chat_template")  # no template: one error
         return _tokenize_pairs([first, *rows], data, tokenizer, source)
     raise InputError(
         f"{source}: the objective trains on preference pairs, but the rows have "
@@ -113,6 +119,22 @@ def load_pairs(data: DataConfig, path: str | Path, tokenizer) -> list[Pair]:
         hint="give tokenized pairs (pt-data build with format: preferences, or pt-data pairs) "
         "or rows with chosen and rejected (and prompt, unless they share it)",
     )
+
+
+def check_token_ids(rows, tokenizer, source) -> None:
+    """Refuse rows holding ids the model's tokenizer does not have: they were made by
+    another tokenizer (an id past the vocabulary would index past the embedding)."""
+    vocab = len(tokenizer)
+    for index, arrays in enumerate(rows):
+        for ids in arrays:
+            if len(ids) and (int(ids.max()) >= vocab or int(ids.min()) < 0):
+                bad = int(ids.max()) if int(ids.max()) >= vocab else int(ids.min())
+                raise InputError(
+                    f"{source}: row {index + 1} holds token id {bad}; the model's tokenizer "
+                    f"{getattr(tokenizer, 'name_or_path', '')} has ids 0..{vocab - 1}: the rows "
+                    "were made by another tokenizer",
+                    hint="rebuild the data with the model's tokenizer",
+                )
 
 
 def _tokenized_pair(row: dict, source, index: int) -> Pair:
@@ -186,16 +208,30 @@ def _tokenize_conversations(rows: list[dict], data: DataConfig, tokenizer) -> li
     from pt_data.pack import pack_examples, single_rows
     from pt_data.tokenize import tokenize_conversation
 
-    examples = [
-        tokenize_conversation(
-            tokenizer,
-            r["messages"],
-            max_seq_length=data.max_seq_length,
-            train_on=data.train_on,
-            truncate=data.truncate,
-        )
-        for r in rows
-    ]
+    # load_rows reads data.path, so that is the file the rows come from
+    source = split_path(data.path, data.split)
+    examples = []
+    for number, r in enumerate(rows, start=1):
+        if "messages" not in r:
+            raise InputError(
+                f"{source} row {number}: missing column 'messages'; the row has: "
+                f"{', '.join(map(repr, r)) or 'no columns'}",
+                hint="give every row 'messages' (a list of {role, content}), or map other "
+                "columns to messages with pt-data build (a transform) first",
+            )
+        try:
+            examples.append(
+                tokenize_conversation(
+                    tokenizer,
+                    r["messages"],
+                    max_seq_length=data.max_seq_length,
+                    train_on=data.train_on,
+                    truncate=data.truncate,
+                    tools=r.get("tools"),
+                )
+            )
+        except InputError as exc:
+            raise InputError(f"{source} row {number}: {exc.message}", hint=exc.hint) from None
     packed = pack_examples(examples, data.max_seq_length) if data.packing else single_rows(examples)
     log.info(
         "tokenized %d conversations into %d rows%s",

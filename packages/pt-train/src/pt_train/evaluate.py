@@ -135,7 +135,7 @@ class Evaluator:
         params = SamplingParams(
             temperature=0.0,
             max_tokens=g.max_tokens,
-            stop_token_ids=stop_token_ids(source, trainer.tokenizer),
+            stop_token_ids=stop_token_ids(source, trainer.tokenizer, template=g.template),
         )
         was_training = model.training
         model.eval()

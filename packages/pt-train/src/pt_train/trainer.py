@@ -40,6 +40,7 @@ from pt_core.errors import ConfigError, InputError, PtError
 from pt_core.log import get_logger, progress
 from pt_train import checkpoint as ckpt
 from pt_train.batch import Batch
+from pt_train.chat_format import run_chat_format
 from pt_train.config import TrainConfig, batch_layout, changed_keys, migrate
 from pt_train.distributed import DistEnv, all_reduce, barrier, init_distributed, launched_env
 from pt_train.engine import PlainEngine, use_plain_engine
@@ -143,7 +144,9 @@ class Trainer:
         self.zero_stage = cfg.deepspeed.zero_stage
         self._prepare_run_dir(force_resume)
 
-        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path)
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path, key=cfg.model.tokenizer_key)
+        # Before any row is tokenized or prompt rendered: the run's template and EOS.
+        self.chat_format = run_chat_format(cfg, self.tokenizer, announce=self.env.is_main)
         self.objective: Objective = build_objective(cfg.objective)
         self.objective.configure(cfg)
         self.reference = None
@@ -413,6 +416,7 @@ class Trainer:
             lora=cfg.model.lora,  # LoRA: only the adapters require a gradient
         )
         install_token_head(model)
+        self.chat_format.apply_to(hf_model(model))
         decay, no_decay = [], []
         for p in model.parameters():
             if p.requires_grad:
@@ -614,7 +618,12 @@ class Trainer:
 
     def save_inference(self) -> Path:
         return ckpt.save_inference(
-            self.engine, self.tokenizer, self.run_dir, self.step, self.env, self.zero_stage
+            self.engine,
+            self.chat_format.checkpoint_tokenizer,
+            self.run_dir,
+            self.step,
+            self.env,
+            self.zero_stage,
         )
 
     def train(self, stop: StopRequest, watchdog: Watchdog | None = None) -> TrainResult:

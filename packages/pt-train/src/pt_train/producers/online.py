@@ -280,7 +280,9 @@ class OnlineProducer(Producer):
             "top_p": r.top_p,
             "max_tokens": r.max_tokens,
             "stop": tuple(r.stop),
-            "stop_token_ids": stop_token_ids(self._stop_source(), self.tokenizer),
+            "stop_token_ids": stop_token_ids(
+                self._stop_source(), self.tokenizer, template=r.template
+            ),
             "logprobs": True,
             "logprobs_mode": self.objective.logprobs_mode,
             "logprobs_top_k": self._student_top_k(),
