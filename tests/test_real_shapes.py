@@ -120,6 +120,15 @@ def base_style(checkpoint: Path, out: Path, *, template: bool = True) -> Path:
     return out
 
 
+def documented_error(start: str) -> str:
+    """The error and fix lines docs/real-models.md shows for the error beginning ``start``
+    (the doc prints what the tool prints)."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "real-models.md").read_text()
+    lines = doc.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip() == f"error: {start}")
+    return lines[at].strip() + "\n  " + lines[at + 1].strip()
+
+
 def test_rows_train_the_reply_and_its_end_of_turn(chatml_run, qwen_tokenizer, realshape):
     """The labels of a ChatML row are the reply and the <|im_end|> that closes it (the
     model learns to end its turn), and dataset.json records what a trainer checks."""
@@ -175,8 +184,8 @@ def test_rollout_takes_a_chat_template_when_the_model_has_none(chatml_run):
         "pt-rollout", "generate", "--model", bare, "--prompts", work / "prompts.jsonl",
         "--out", work / "refused.jsonl", "--engine", "hf", cwd=work, check=False,
     )  # fmt: skip
-    assert refused.returncode == 2 and "--chat-template" in refused.stderr
-    assert "Traceback" not in refused.stderr
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert documented_error("the model's tokenizer has no chat template") in refused.stderr
     (row,) = generate(work, bare, "--chat-template", "chatml", name="given-template")
     assert row["completion"] == "Hi!" and row["finish_reason"] == "stop"
 
@@ -225,8 +234,10 @@ def test_conversations_trained_with_a_given_template(chatml_run, tmp_path):
     raw.write_text("".join(json.dumps(r) + "\n" for r in SAY_HI * 8))
     config = sft_config(tmp_path, bare, run_name="raw", max_steps=1)
     out = pt("pt-train", "run", config, "--data", raw, cwd=tmp_path, check=False)
-    assert out.returncode == 2 and "data.chat_template" in out.stderr
-    assert "data.tokenizer.chat_template" not in out.stderr
+    assert out.returncode == 2 and "data.tokenizer.chat_template" not in out.stderr
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "real-models.md").read_text()
+    fix = "fix: set data.chat_template to one of chatml, plain or to a .jinja file"
+    assert fix in doc and fix in out.stderr
     out = pt("pt-train", "run", config, "--data", raw, "data.chat_template=chatml", cwd=tmp_path)
     trained = Path(json.loads(out.stdout.strip().splitlines()[-1])["path"])
     assert AutoTokenizer.from_pretrained(trained).chat_template == CHATML
