@@ -61,3 +61,10 @@ def test_resolve_names_the_key_the_user_writes(tmp_path, qwen_tokenizer):
     jinja.write_text(PLAIN)
     assert resolve_template(bare, str(jinja)) == PLAIN
     assert resolve_template(bare, "chatml") == CHATML
+
+
+def test_a_template_that_cannot_render_a_reply_leaves_the_eos_alone(qwen_tokenizer):
+    """Some templates refuse conversations they do not expect (raise_exception); the stop
+    set then falls back to the EOS ids instead of stopping the stage."""
+    strict = "{{ raise_exception('only system turns here') }}"
+    assert end_of_turn_ids(qwen_tokenizer, strict) == ()

@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from pt_core.errors import ConfigError
+from pt_core.log import get_logger
+
+log = get_logger(__name__)
 
 # ChatML with one BOS at the start (the BOS is omitted by tokenizers that have none).
 CHATML = (
@@ -101,7 +104,15 @@ def end_of_turn_ids(tokenizer: Any, template: str | None = None) -> tuple[int, .
     if not template:
         return ()
     messages = [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": _PROBE}]
-    text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False)
+    try:
+        text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False)
+    except Exception as exc:  # a template's own raise_exception, or one it cannot render
+        log.warning(
+            "the chat template cannot render a user turn and a reply (%s); the stop tokens "
+            "are the EOS ids alone",
+            exc,
+        )
+        return ()
     at = text.rfind(_PROBE)
     if at < 0:
         return ()
