@@ -157,3 +157,57 @@ def test_a_worker_whose_pool_goes_away_leaves_quietly(capfd):
     finally:
         pool.close()
     assert "Traceback" not in capfd.readouterr().err
+
+
+# --------------------------------------------------------------------------- isolation
+
+# module names the grader imports (stdlib, sympy): a file of that name in the folder where
+# a user grades must never run; each one leaves a marker and breaks its import
+HOSTILE_MODULES = ("timeit", "sympy", "re")
+
+
+def _hostile_folder(folder):
+    for name in HOSTILE_MODULES:
+        (folder / f"{name}.py").write_text(
+            f"open({str(folder / (name + '.imported'))!r}, 'w').close()\n"
+            f"raise ImportError('the grader imported {name}.py from the current directory')\n"
+        )
+    return folder
+
+
+def _markers(folder) -> list[str]:
+    return sorted(p.name for p in folder.glob("*.imported"))
+
+
+# \sqrt{4}/4 needs sympy, so these rows are graded in the worker, not in the caller
+SYMPY_ROWS = [
+    {"id": 1, "response": "so $\\boxed{\\sqrt{4}/4}$", "answer": "0.5"},
+    {"id": 2, "response": "so $\\boxed{\\sqrt{8}}$", "answer": "2\\sqrt{2}"},
+    {"id": 3, "response": "so $\\boxed{\\sqrt{9}}$", "answer": "4"},
+]
+
+
+def test_grade_cli_never_imports_modules_from_the_current_directory(cli, tmp_path):
+    from pt_core.files import read_rows, write_rows
+
+    folder = _hostile_folder(tmp_path)
+    write_rows(folder / "preds.jsonl", SYMPY_ROWS)
+    proc = cli("pt-eval", "grade", "preds.jsonl", "--workers", "1", cwd=folder)
+    assert _markers(folder) == []
+    assert "Traceback" not in proc.stderr
+    # sqrt(4)/4 = 0.5 and sqrt(8) = 2 sqrt(2) are right, sqrt(9) = 3 is not 4
+    assert [r["correct"] for r in read_rows(folder / "preds.grades.jsonl")] == [True, True, False]
+
+
+def test_grade_file_from_python_never_imports_modules_from_the_current_directory(
+    tmp_path, monkeypatch
+):
+    from pt_core.files import write_rows
+    from pt_eval.grade import GradeOptions, grade_file
+
+    folder = _hostile_folder(tmp_path)
+    write_rows(folder / "preds.jsonl", SYMPY_ROWS)
+    monkeypatch.chdir(folder)
+    _, summary = grade_file("preds.jsonl", "grades.jsonl", GradeOptions(workers=1))
+    assert _markers(folder) == []
+    assert summary["correct"] == 2 and summary["errors"] == 0

@@ -9,9 +9,9 @@ rest of the queue.
 Most answers are plain numbers: those, and responses with no answer, are graded in the
 calling process without sympy (:func:`pt_eval.item.prepare`), and the pool only starts
 when an item needs the full parser. Starting a Python process that imports sympy takes one
-to several seconds, so workers are not started from scratch: one *fork server* (``python -m
-pt_eval.worker``) imports and warms up sympy once, then forks a worker on
-request, in milliseconds. Workers connect back to the pool over a Unix socket
+to several seconds, so workers are not started from scratch: one *fork server*
+(``python -P -m pt_eval.worker``: -P, so that nothing in the current directory is
+imported) imports and warms up sympy once, then forks a worker on request, in milliseconds. Workers connect back to the pool over a Unix socket
 and exchange JSON lines. The fork server is single-threaded, so forking it is
 safe; the pool itself only uses ``subprocess`` and ``selectors`` (no signals,
 no fork of the caller, no re-import of the caller's ``__main__``), so it works
@@ -131,7 +131,9 @@ class GradingPool:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src_dir, env.get("PYTHONPATH")) if p)
         env.setdefault("OMP_NUM_THREADS", "1")
-        args = [sys.executable, "-m", "pt_eval.worker", "--socket",
+        # -P: `-m` would otherwise put the current directory first on sys.path, and a
+        # timeit.py or sympy.py in the folder where the user grades would run in the worker
+        args = [sys.executable, "-P", "-m", "pt_eval.worker", "--socket",
                 os.path.join(self._tmpdir, "pool.sock")]  # fmt: skip
         if self.memory_mb:
             args += ["--memory-mb", str(self.memory_mb)]
@@ -410,8 +412,8 @@ class GradingPool:
         if self._failed_starts >= MAX_FAILED_STARTS:
             self.close()
             raise WorkerStartError(
-                f"grading workers fail to start ({why}); run `{sys.executable} -m pt_eval.worker "
-                "--check` to see the error"
+                f"grading workers fail to start ({why}); run `{sys.executable} -P -m "
+                "pt_eval.worker --check` to see the error"
             )
 
 
