@@ -52,6 +52,50 @@ def test_grade_jsonl_with_lists_repeated_ids_and_groups(cli, tmp_path):
     assert graded[0]["level"] == 1  # the input row is carried through
 
 
+def test_group_key_counts_an_id_in_every_group_its_rows_sit_in(cli, tmp_path):
+    # the same two problems answered under two prompts: right under A, wrong under B
+    rows = [
+        {"id": 1, "completion": "The answer is 5.", "answer": "5", "prompt": "A"},
+        {"id": 1, "completion": "The answer is 6.", "answer": "5", "prompt": "B"},
+        {"id": 2, "completion": "The answer is 7.", "answer": "7", "prompt": "A"},
+        {"id": 2, "completion": "The answer is 8.", "answer": "7", "prompt": "B"},
+    ]
+    src = write_rows(tmp_path / "preds.jsonl", rows)
+    m = _manifest(cli("pt-eval", "grade", src, "--group-key", "prompt", "--workers", "1"))
+    by_prompt = m["groups"]["prompt"]
+    assert (by_prompt["A"]["problems"], by_prompt["A"]["accuracy"]) == (2, 1.0)
+    assert (by_prompt["B"]["problems"], by_prompt["B"]["accuracy"]) == (2, 0.0)
+    # over all rows an id is still one problem with two samples, one of them right
+    assert (m["problems"], m["samples"], m["pass@k"]["1"]) == (2, 4, 0.5)
+
+
+def test_group_key_pools_samples_per_id_within_each_group():
+    from pt_eval.grade import GradeOptions, grade_rows
+
+    rows = [
+        {"id": 1, "completion": ["1", "1"], "answer": "1", "g": "A"},  # A: 2 of 2
+        {"id": 1, "completion": ["2", "1"], "answer": "1", "g": "B"},  # B: 1 of 2, 2 first
+        {"id": 2, "completion": ["3", "5"], "answer": "3", "g": "A"},  # A: 1 of 2, 3 first
+        {"id": 2, "completion": ["5", "5"], "answer": "3", "g": "B"},  # B: 0 of 2
+        {"id": 3, "completion": ["7", "7"], "answer": "7", "g": "B"},  # B: 2 of 2
+    ]
+    _, summary = grade_rows(rows, GradeOptions(group_keys=["g"]), show_progress=False)
+    a, b = summary["groups"]["g"]["A"], summary["groups"]["g"]["B"]
+    assert (a["problems"], a["samples"], a["correct"]) == (2, 4, 3)
+    # A: pass@1 = (1 + 1/2) / 2; both problems have a right answer in 2 draws; each vote is
+    # won by a right answer (id 2's tie goes to 3, given first)
+    assert a["pass@k"] == pytest.approx({"1": 0.75, "2": 1.0}) and a["maj@n"] == 1.0
+    assert (b["problems"], b["samples"], b["correct"]) == (3, 6, 3)
+    # B: pass@1 = (1/2 + 0 + 1) / 3, pass@2 = (1 + 0 + 1) / 3; only id 3 wins its vote
+    # (id 1's tie goes to the wrong 2, given first)
+    assert b["pass@k"] == pytest.approx({"1": 0.5, "2": 2 / 3})
+    assert b["maj@n"] == pytest.approx(1 / 3)
+    # overall an id pools its rows of both groups: 3 of 4, 1 of 4 and 2 of 2 right;
+    # pass@2 = (1 + (1 - C(3,2)/C(4,2)) + 1) / 3
+    assert (summary["problems"], summary["samples"], summary["correct"]) == (3, 10, 6)
+    assert summary["pass@k"] == pytest.approx({"1": 2 / 3, "2": 2.5 / 3})
+
+
 def test_grade_reads_a_manifest_from_stdin_and_parquet(cli, tmp_path):
     rows = [{"id": i, "prediction": f"\\boxed{{{i}}}", "gold": str(i % 2)} for i in range(4)]
     src = write_rows(tmp_path / "preds.parquet", rows)

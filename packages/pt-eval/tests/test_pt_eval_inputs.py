@@ -67,6 +67,97 @@ def test_lm_evaluation_harness_defaults_take_filtered_resps_and_target(cli, tmp_
     assert m["correct"] == 1 and m["samples"] == 2
 
 
+def _harness_row(doc_id: int, answer: str, response: str, filter_name: str, filtered: str):
+    """One line of an lm-evaluation-harness 0.4 samples file: one (document, filter) pair,
+    as gsm8k writes it with its strict-match and flexible-extract filters."""
+    prompt = f"Question: question {doc_id}\nAnswer:"
+    return {
+        "doc_id": doc_id,
+        "doc": {"question": f"question {doc_id}", "answer": f"Work.\n#### {answer}"},
+        "target": f"Work.\n#### {answer}",
+        "arguments": {
+            "gen_args_0": {
+                "arg_0": prompt,
+                "arg_1": {"until": ["Question:", "</s>", "<|im_end|>"], "do_sample": False},
+            }
+        },
+        "resps": [[response]],
+        "filtered_resps": [filtered],
+        "filter": filter_name,
+        "metrics": ["exact_match"],
+        "doc_hash": f"d{doc_id}",
+        "prompt_hash": f"p{doc_id}",
+        "target_hash": f"t{doc_id}",
+        "exact_match": float(filtered == answer),
+    }
+
+
+# (doc_id, gold, response, strict-match's answer, flexible-extract's answer): strict-match
+# takes the number after "####" and writes [invalid] when there is none; flexible-extract
+# takes the last number
+HARNESS_DOCS = [
+    (0, "18", "She sells 9 eggs for $2 each, so 18 dollars.", "[invalid]", "18"),
+    (1, "3", "2 + 1 = 3 bolts.\n#### 3", "3", "3"),
+    (2, "5", "I think it is 4.\n#### 4", "4", "4"),
+    (3, "12", "12 cups, or 13 with the spare.", "[invalid]", "13"),
+]
+
+
+def _harness_file(tmp_path):
+    rows = []
+    for doc_id, gold, response, strict, flexible in HARNESS_DOCS:
+        rows.append(_harness_row(doc_id, gold, response, "strict-match", strict))
+        rows.append(_harness_row(doc_id, gold, response, "flexible-extract", flexible))
+    return write_rows(tmp_path / "samples_gsm8k_2025-01-01T00-00-00.jsonl", rows)
+
+
+def test_lm_evaluation_harness_filters_are_reported_apart(cli, tmp_path):
+    src = _harness_file(tmp_path)
+    m = _manifest(cli("pt-eval", "grade", src, "--workers", "1"))
+    strict, flexible = m["filters"]["strict-match"], m["filters"]["flexible-extract"]
+    # strict-match: doc 1 right, doc 2 wrong (4), docs 0 and 3 have no answer ([invalid])
+    assert (strict["problems"], strict["samples"], strict["correct"]) == (4, 4, 1)
+    assert strict["no_answer"] == 2 and strict["accuracy"] == 0.25
+    # flexible-extract: 18 and 3 right, 4 and 13 wrong
+    assert (flexible["problems"], flexible["samples"], flexible["correct"]) == (4, 4, 2)
+    assert flexible["no_answer"] == 0 and flexible["accuracy"] == 0.5
+    # a document's two filter rows are two problems, never two samples of one
+    assert (m["problems"], m["samples"], m["n"]) == (8, 8, 1)
+    graded = read_rows(tmp_path / "samples_gsm8k_2025-01-01T00-00-00.grades.jsonl")
+    assert (graded[0]["extracted"], graded[0]["grade_status"]) == ([None], ["no_answer"])
+
+
+def test_lm_evaluation_harness_filter_flag_grades_one_filter(cli, tmp_path):
+    src = _harness_file(tmp_path)
+    out = tmp_path / "strict.jsonl"
+    m = _manifest(cli("pt-eval", "grade", src, "--filter", "strict-match", "-o", out))
+    assert (m["filter"], m["problems"], m["samples"], m["correct"]) == ("strict-match", 4, 4, 1)
+    assert list(m["filters"]) == ["strict-match"]
+    assert {row["filter"] for row in read_rows(out)} == {"strict-match"}
+
+
+def test_lm_evaluation_harness_raw_responses_of_one_filter(cli, tmp_path):
+    # resps holds the model's text, the same in both filter rows: grading it once per
+    # document needs --filter; 18 (its last number), 3 right; 4 wrong; doc 3 ends with a
+    # sentence stating no answer, so its last number, 13, is taken and is wrong
+    src = _harness_file(tmp_path)
+    m = _manifest(cli("pt-eval", "grade", src, "--pred-key", "resps", "--gold-key",
+                      "doc.answer", "--filter", "flexible-extract", "--workers", "1"))  # fmt: skip
+    assert (m["problems"], m["samples"], m["correct"], m["no_answer"]) == (4, 4, 2, 0)
+
+
+def test_lm_evaluation_harness_unknown_filter_names_the_ones_present(cli, tmp_path):
+    src = _harness_file(tmp_path)
+    proc = cli("pt-eval", "grade", src, "--filter", "strict", check=False)
+    _fails_cleanly(proc, "no rows with filter 'strict'", "'strict-match', 'flexible-extract'")
+
+
+def test_filter_flag_on_a_file_without_filters_is_refused(cli, tmp_path):
+    src = write_rows(tmp_path / "preds.jsonl", [{"id": 1, "response": "5", "answer": "5"}])
+    proc = cli("pt-eval", "grade", src, "--filter", "strict-match", check=False)
+    _fails_cleanly(proc, "no 'filter' column")
+
+
 def test_csv_in_and_out(cli, tmp_path):
     src = tmp_path / "preds.csv"
     with open(src, "w", newline="", encoding="utf-8") as fh:

@@ -83,6 +83,12 @@ def grade(
         "--group-key",
         help="Also report per value of this column (e.g. level, subject); repeatable.",
     ),
+    filter_name: str = typer.Option(
+        None,
+        "--filter",
+        help="lm-evaluation-harness samples file: grade only the rows of this filter (e.g. "
+        "strict-match); default: every filter, reported apart.",
+    ),
     out: Path = typer.Option(
         None,
         "--out",
@@ -113,7 +119,7 @@ def grade(
     options = GradeOptions(
         pred_key=pred_key, gold_key=gold_key, id_key=id_key, group_keys=list(group_key or []),
         workers=workers, timeout=timeout, numeric_tolerance=numeric_tolerance,
-        last_number=last_number,
+        last_number=last_number, filter=filter_name,
     )  # fmt: skip
     out_path, summary = grade_file(path, out, options)
     _print_summary(summary)
@@ -127,18 +133,26 @@ def _print_summary(summary: dict) -> None:
     for name, value in summary_table_rows(summary):
         table.add_row(name, value)
     console.print(table)
+    if len(summary.get("filters", {})) > 1:
+        _print_breakdown("filter", summary["filters"])
     for key, groups in summary.get("groups", {}).items():
-        ks = list(next(iter(groups.values())).get("pass@k", {}))
-        table = Table(title=f"by {key}")
-        for column in (key, "problems", "samples", "accuracy", *(f"pass@{k}" for k in ks), "maj@n"):
-            table.add_column(column, justify="left" if column == key else "right")
-        for name, s in groups.items():
-            table.add_row(
-                name, str(s["problems"]), str(s["samples"]), f"{s['accuracy']:.4f}",
-                *(f"{s.get('pass@k', {}).get(k, float('nan')):.4f}" for k in ks),
-                f"{s.get('maj@n', float('nan')):.4f}",
-            )  # fmt: skip
-        console.print(table)
+        _print_breakdown(key, groups)
+
+
+def _print_breakdown(key: str, groups: dict[str, dict]) -> None:
+    from rich.table import Table
+
+    ks = list(next(iter(groups.values())).get("pass@k", {}))
+    table = Table(title=f"by {key}")
+    for column in (key, "problems", "samples", "accuracy", *(f"pass@{k}" for k in ks), "maj@n"):
+        table.add_column(column, justify="left" if column == key else "right")
+    for name, s in groups.items():
+        table.add_row(
+            name, str(s["problems"]), str(s["samples"]), f"{s['accuracy']:.4f}",
+            *(f"{s.get('pass@k', {}).get(k, float('nan')):.4f}" for k in ks),
+            f"{s.get('maj@n', float('nan')):.4f}",
+        )  # fmt: skip
+    console.print(table)
 
 
 @app.command()

@@ -44,6 +44,10 @@ PRED_KEYS = ("completion", "prediction", "response", "code", "filtered_resps", "
 GOLD_KEYS = ("answer", "gold", "gt", "final_answer", "target")
 ID_KEYS = ("id", "idx", "unique_id", "problem_id", "question_id", "doc_id")
 FINISH_KEY = "finish_reason"
+# lm-evaluation-harness writes one row per (document, filter); a filter that finds nothing
+# leaves this in filtered_resps
+HARNESS_FILTER_KEY = "filter"
+HARNESS_NO_ANSWER = "[invalid]"
 TRUNCATED_REASONS = {"length", "max_tokens"}
 OUTPUT_SUFFIXES = (".jsonl", ".parquet", ".csv")
 INPUT_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
@@ -59,6 +63,7 @@ class GradeOptions:
     timeout: float = DEFAULT_TIMEOUT
     numeric_tolerance: float | None = None
     last_number: bool | None = None  # None: only for responses that finished
+    filter: str | None = None  # lm-evaluation-harness files: grade only this filter's rows
 
     @property
     def policy(self) -> Policy:
@@ -182,6 +187,32 @@ def _gold(value, where: str) -> str | None:
     )
 
 
+def is_harness_samples(row: dict) -> bool:
+    """An lm-evaluation-harness samples row: one (document, filter) pair."""
+    return isinstance(row.get(HARNESS_FILTER_KEY), str) and (
+        "filtered_resps" in row or "resps" in row
+    )
+
+
+def select_filter(rows: list[dict], name: str, source: str) -> list[dict]:
+    """The rows of one harness filter (``--filter``)."""
+    if not is_harness_samples(rows[0]):
+        raise InputError(
+            f"{source}: --filter {name!r} needs an lm-evaluation-harness samples file, and the "
+            f"rows have no {HARNESS_FILTER_KEY!r} column",
+            hint="leave out --filter",
+        )
+    chosen = [row for row in rows if row.get(HARNESS_FILTER_KEY) == name]
+    if not chosen:
+        present = dict.fromkeys(str(row.get(HARNESS_FILTER_KEY)) for row in rows)
+        raise InputError(
+            f"{source}: no rows with filter {name!r}; the file has: "
+            f"{', '.join(map(repr, present))}",
+            hint="pass --filter with one of those names",
+        )
+    return chosen
+
+
 def _truncation(row: dict, count: int, where: str) -> list[bool | None]:
     """Per sample: True when the row's finish_reason says the response was cut off."""
     reason = row.get(FINISH_KEY)
@@ -209,7 +240,10 @@ def grade_rows(
     False: no bar (a caller grading many small batches shows its own)."""
     if not rows:
         raise InputError(f"{source}: no rows to grade")
+    if options.filter is not None:
+        rows = select_filter(rows, options.filter, source)
     first = rows[0]
+    harness = is_harness_samples(first)
     pred_key = pick_key(first, options.pred_key, PRED_KEYS, "prediction", "--pred-key", source)
     gold_key = pick_key(first, options.gold_key, GOLD_KEYS, "gold answer", "--gold-key", source)
     id_key = options.id_key
@@ -228,6 +262,8 @@ def grade_rows(
             if not has_key(row, key):
                 raise InputError(f"{source}: row {number} has no column {key!r}")
         samples, is_list = prediction_samples(lookup(row, pred_key), where=where)
+        if harness:
+            samples = [None if s == HARNESS_NO_ANSWER else s for s in samples]
         gold = _gold(lookup(row, gold_key), where)
         truncated = _truncation(row, len(samples), where)
         spans.append((len(items), len(samples), is_list))
@@ -244,7 +280,7 @@ def grade_rows(
             pool.close()
 
     graded: list[dict] = []
-    problems: dict[object, Problem] = {}
+    row_samples: list[_RowSamples] = []
     for index, (row, (start, count, is_list)) in enumerate(zip(rows, spans, strict=True)):
         mine = results[start : start + count]
         out = dict(row)
@@ -257,29 +293,77 @@ def grade_rows(
                 mine[0]["extracted"], bool(mine[0]["correct"]), mine[0]["status"],
             )  # fmt: skip
         graded.append(out)
-        problem_id = _hashable(_id_of(row, id_key)) if id_key else index
-        problem = problems.get(problem_id)
-        if problem is None:
-            problem = problems[problem_id] = Problem(
-                problem_id, {k: _group_of(row, k) for k in options.group_keys}
+        row_samples.append(
+            _RowSamples(
+                problem_id=_hashable(_id_of(row, id_key)) if id_key else index,
+                groups={k: _group_of(row, k) for k in options.group_keys},
+                filter=row.get(HARNESS_FILTER_KEY) if harness else None,
+                results=mine,
             )
-        for r in mine:
-            problem.correct.append(bool(r["correct"]))
-            # answers equal to the gold are equal to each other: one vote for the gold
-            key = CORRECT_KEY if r["correct"] else r["key"]
-            problem.keys.append(key if r["status"] == "ok" else None)
-            problem.statuses.append(r["status"])
-    _log_problems(results, problems)
+        )
 
-    summary = summarize(list(problems.values()))
+    filters = list(dict.fromkeys(r.filter for r in row_samples))
+    # rows of two filters are two readings of one document, never two samples of it
+    summary = _summarize_rows(row_samples, options.group_keys)
+    _log_problems(results, summary["problems"] - summary["no_samples"], summary["problems"])
     summary.update(pred_key=pred_key, gold_key=gold_key, id_key=id_key)
+    if harness:
+        summary["filters"] = {
+            name: _summarize_rows([r for r in row_samples if r.filter == name], options.group_keys)
+            for name in filters
+        }
+    if options.filter is not None:
+        summary["filter"] = options.filter
     if options.numeric_tolerance is not None:
         summary["numeric_tolerance"] = options.numeric_tolerance
-    if options.group_keys:
-        summary["groups"] = {
-            key: summarize_groups(list(problems.values()), key) for key in options.group_keys
-        }
     return graded, summary
+
+
+@dataclass
+class _RowSamples:
+    """One graded row: the problem it samples, its groups and filter, its samples' results."""
+
+    problem_id: object
+    groups: dict
+    filter: str | None
+    results: list[dict]
+
+
+def _pool(row_samples: list[_RowSamples], key_of) -> list[Problem]:
+    """Problems made of the rows that share ``key_of(row)``; each row's samples join its
+    problem."""
+    problems: dict[object, Problem] = {}
+    for row in row_samples:
+        key = key_of(row)
+        problem = problems.get(key)
+        if problem is None:
+            problem = problems[key] = Problem(row.problem_id, row.groups)
+        for r in row.results:
+            problem.correct.append(bool(r["correct"]))
+            # answers equal to the gold are equal to each other: one vote for the gold
+            vote = CORRECT_KEY if r["correct"] else r["key"]
+            problem.keys.append(vote if r["status"] == "ok" else None)
+            problem.statuses.append(r["status"])
+    return list(problems.values())
+
+
+def _summarize_rows(row_samples: list[_RowSamples], group_keys: list[str]) -> dict:
+    """The summary of rows, with one per group value of each group key.
+
+    A problem is a (filter, id) pair; within a group it is a (filter, group value, id)
+    triple, so an id whose rows sit in several groups counts in each with only that group's
+    samples."""
+    summary = summarize(_pool(row_samples, lambda r: (r.filter, r.problem_id)))
+    if group_keys:
+        summary["groups"] = {
+            key: summarize_groups(_pool(row_samples, _group_problem_key(key)), key)
+            for key in group_keys
+        }
+    return summary
+
+
+def _group_problem_key(group_key: str):
+    return lambda row: (row.filter, _hashable(row.groups[group_key]), row.problem_id)
 
 
 def _id_of(row: dict, key: str):
@@ -300,12 +384,12 @@ def _hashable(value):
     return value if isinstance(value, str | int | float | bool | type(None)) else repr(value)
 
 
-def _log_problems(results: list[dict], problems: dict) -> None:
+def _log_problems(results: list[dict], sampled: int, problems: int) -> None:
     bad = [r for r in results if r["status"] in ("timeout", "error")]
     if bad:
         shown = "; ".join(sorted({r["message"] or r["status"] for r in bad})[:5])
         log.warning("%d sample(s) could not be graded (%s)", len(bad), shown)
-    empty = sum(1 for p in problems.values() if not p.correct)
+    empty = problems - sampled
     if empty:
         log.warning("%d problem(s) have no samples; they count as wrong", empty)
 
