@@ -11,8 +11,9 @@ calling process without sympy (:func:`pt_eval.item.prepare`), and the pool only 
 when an item needs the full parser. Starting a Python process that imports sympy takes one
 to several seconds, so workers are not started from scratch: one *fork server*
 (``python -P -m pt_eval.worker``: -P, so that nothing in the current directory is
-imported) imports and warms up sympy once, then forks a worker on request, in milliseconds. Workers connect back to the pool over a Unix socket
-and exchange JSON lines. The fork server is single-threaded, so forking it is
+imported) imports and warms up sympy once, then forks a worker on request, in
+milliseconds. Workers connect back to the pool over a Unix socket and exchange JSON
+lines. The fork server is single-threaded, so forking it is
 safe; the pool itself only uses ``subprocess`` and ``selectors`` (no signals,
 no fork of the caller, no re-import of the caller's ``__main__``), so it works
 from any thread and never hangs on a stuck item.
