@@ -87,14 +87,23 @@ def load_tokenizer(path: str, *, key: str = "model.name_or_path"):
     return tokenizer
 
 
-def check_same_tokenizer(tokenizer, other_path: str, what: str) -> None:
+def check_same_tokenizer(tokenizer, other_path: str, what: str, *, required: bool = True) -> None:
     """A model that scores the policy's token ids (a teacher, a reference) must read them as
-    the policy does: the same vocabulary and the same special tokens, else a clear error."""
+    the policy does: the same vocabulary and the same special tokens, else a clear error.
+    A model that is not ``required`` (a reference whose log-probs may be stored in the run)
+    and is not here is left unchecked, with a warning."""
+    from pathlib import Path
+
     from transformers import AutoTokenizer
 
     from pt_core.errors import ConfigError
     from pt_core.hub import require_local_or_hub
 
+    if not required and not Path(other_path).is_dir():
+        log.warning(
+            "%s %s is not here to compare its tokenizer with the policy's", what, other_path
+        )
+        return
     require_local_or_hub(other_path, f"objective.{what}.path", error=ConfigError)
     try:
         other = AutoTokenizer.from_pretrained(other_path)

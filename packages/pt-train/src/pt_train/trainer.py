@@ -159,7 +159,8 @@ class Trainer:
             from pt_train.model import check_same_tokenizer
 
             what = "teacher" if self.objective.name == "opd" else "reference"
-            check_same_tokenizer(self.tokenizer, frozen.path, what)
+            # precomputed log-probs may be stored in the run: the model may be gone on resume
+            check_same_tokenizer(self.tokenizer, frozen.path, what, required=not frozen.precompute)
         live_reference = self.objective.reference != "none" and not (frozen and frozen.precompute)
         # LoRA: the reference is the policy with its adapters off, once the engine holds it.
         adapters_off = live_reference and shares_reference(cfg.model.lora, frozen)
