@@ -320,13 +320,11 @@ def test_step_one_loss_with_a_different_reference_matches_the_paper(
     tmp_path, dpo_config, pairs_file, other_model_dir, logps, case
 ):
     """lr 0: the logged step-1 loss is the loss of the starting policy against the seed-1
-    reference, which is the paper's formula on the independent log-probs."""
+    reference, which is the paper's formula on the independent log-probs. (SimPO has no
+    reference, and a config that gives it one is refused.)"""
     objective = CASES[case]
-    cfg = dpo_config(
-        tmp_path,
-        pairs_file,
-        {**objective, "reference": {"path": str(other_model_dir)}},
-    )
+    reference = {} if objective["loss_type"] == "simpo" else {"path": str(other_model_dir)}
+    cfg = dpo_config(tmp_path, pairs_file, {**objective, "reference": reference})
     (record,) = run_metrics(cfg)
     assert record["loss"] == pytest.approx(expected_loss(objective, logps), **LOSS_TOLERANCE)
 

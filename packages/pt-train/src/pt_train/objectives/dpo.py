@@ -6,7 +6,10 @@
       loss_type: sigmoid            # or a list of loss types, mixed by loss_weights
       label_smoothing: 0.0          # conservative DPO (sigmoid) / robust DPO (robust)
       rpo_alpha: null               # + alpha x the chosen response's token-mean NLL
-      reference: {path: null, precompute: false}
+      reference: {path: null, precompute: false}   # not with simpo alone
+
+``reference`` with only reference-free loss types (simpo), and ``simpo_gamma`` without
+simpo, have no effect and are refused at start (when set to anything but the default).
 
 Notation, per pair: ``pi_c``/``pi_r`` the policy's log-prob of the chosen / rejected
 completion (summed over its trained tokens), ``ref_c``/``ref_r`` the reference's, and the
@@ -95,6 +98,19 @@ class DPOConfig(Section):
             raise ValueError(
                 "label_smoothing applies to the sigmoid, robust and simpo losses only; "
                 f"loss_type is {self.loss_type}"
+            )
+        # Keys at a value other than their default (a run's frozen config.yaml lists every
+        # key, so that is what "given" can mean; a default changes nothing).
+        given = self.model_dump(exclude_defaults=True)
+        if "reference" in given and not self.needs_reference:
+            raise ValueError(
+                f"objective.reference={given['reference']} has no effect: loss_type "
+                f"{'/'.join(self.loss_types)} compares no reference model; remove it"
+            )
+        if "simpo_gamma" in given and "simpo" not in self.loss_types:
+            raise ValueError(
+                f"objective.simpo_gamma={self.simpo_gamma} has no effect: it is the margin of "
+                f"loss_type simpo, and loss_type is {'/'.join(self.loss_types)}; remove it"
             )
         return self
 

@@ -20,7 +20,9 @@ It runs on the online loop (``rollout:``; ``samples_per_prompt`` is the group si
 Rewards (per completion): 1 when pt-eval grades it correct against the prompt's gold answer,
 else 0 (a grading timeout or error is 0 and counted), ``+ format_reward`` when the
 completion has a ``\\boxed{...}``, or whatever ``function`` (``"module:function"`` taking
-the round's rows and returning one float per row) gives; then DAPO's overlong shaping,
+the round's rows and returning one float per row) gives (alone: ``format_reward``,
+``answer_key``, ``timeout`` and ``workers`` are for grading and are refused beside it;
+``kl_estimator`` and ``reference`` are refused with beta 0); then DAPO's overlong shaping,
 ``-penalty * (L - (L_max - buffer)) / buffer`` for a completion of L tokens within the
 last ``buffer`` of ``L_max = rollout.max_tokens`` (and ``-penalty`` when cut at L_max).
 
@@ -127,6 +129,24 @@ class GRPOConfig(Section):
                 "objective.reference.precompute: GRPO's samples are made during training; "
                 "its reference runs live (set precompute to false)"
             )
+        # Keys at a value other than their default (a run's frozen config.yaml lists every
+        # key, so that is what "given" can mean; a default changes nothing).
+        given = self.model_dump(exclude_defaults=True)
+        for key in given.get("reward", {}) if self.reward.function is not None else ():
+            if key in ("format_reward", "answer_key", "timeout", "workers"):
+                fix = "add the bonus inside the function" if key == "format_reward" else "remove it"
+                raise ValueError(
+                    f"objective.reward.{key}={getattr(self.reward, key)} has no effect beside "
+                    f"reward.function: the function's value is the whole reward and nothing is "
+                    f"graded; {fix}"
+                )
+        if self.beta == 0:
+            for key in ("kl_estimator", "reference"):
+                if key in given:
+                    raise ValueError(
+                        f"objective.{key} has no effect with beta 0 (no KL term, no reference "
+                        "model); set beta > 0 or remove it"
+                    )
         return self
 
 

@@ -5,13 +5,18 @@ toward the teacher on the tokens it produced.
       name: opd
       loss: forward_kl        # reverse_kl | skewed_kl | jsd | token_kl | pg_reverse_kl
       support: teacher_topk   # student_topk | full (the teacher in-process)
-      renormalize: false
+      renormalize: false      # false: the mass outside a top-k is one more outcome
       alpha: 0.5              # skewed_kl
       beta: 0.5               # jsd
-      clip_epsilon: 0.2       # pg_reverse_kl
+      clip_epsilon: 0.2       # pg_reverse_kl with importance_ratio
       importance_ratio: true  # pg_reverse_kl: ratio to the rollout log-probs
       advantage: rollout      # pg_reverse_kl: rollout | online
       teacher: {path: null, top_k: 8}
+
+A key that the chosen loss does not read (``alpha`` without skewed_kl, ``beta`` without
+jsd, the ``pg_reverse_kl`` keys with another loss, ``support``/``renormalize``/
+``teacher.top_k`` with the sampled-token losses, ``teacher.top_k`` with ``support: full``)
+is refused at start, when it is set to anything but its default.
 
 Every loss is per completion token and the loss of a step is the mean over its completion
 tokens, as in SFT. Notation at one position: ``T`` the teacher's and ``S`` the student's
@@ -24,8 +29,8 @@ Over a support (``teacher_topk``: the teacher's k most likely tokens, from
 ``pt-rollout generate --logprobs-top-k``, with the teacher's log-probs of them;
 ``full``: the whole vocabulary, the teacher run in-process):
 
-- ``forward_kl``  ``sum_K T (log T - log S)``: KL(T || S) restricted to K (mode-covering);
-- ``reverse_kl``  ``sum_K S (log S - log T)``: KL(S || T) restricted to K (mode-seeking);
+- ``forward_kl``  ``KL(T || S) = sum T (log T - log S)`` (mode-covering);
+- ``reverse_kl``  ``KL(S || T) = sum S (log S - log T)`` (mode-seeking);
 - ``skewed_kl``   ``alpha * forward + (1 - alpha) * reverse``, the interpolation
   on-policy distillation trainers call skewed KL (after DistiLLM, Ko et al. 2024): alpha 1
   is forward, alpha 0 reverse;
@@ -34,8 +39,23 @@ Over a support (``teacher_topk``: the teacher's k most likely tokens, from
   Distillation of Language Models: Learning from Self-Generated Mistakes", Eq. 6);
   ``0 < beta < 1`` (it vanishes at both ends; use forward_kl or reverse_kl there).
 
-With ``renormalize: true`` T and S are first renormalised over K (each sums to 1 there);
-by default they are not, so the sums are the part of each divergence that K carries.
+A top-k support K is part of the vocabulary, and a sum over K alone is not a divergence:
+``sum_K S log(S/T)`` is lowest with ``T/e`` on each token of K and the rest of the
+student's mass anywhere else, so it pushes the student off the teacher's top tokens even
+where the student equals the teacher. Two ways close K into a distribution:
+
+- ``renormalize: false`` (default), the tail bucket: the mass outside K, ``S_rest =
+  1 - sum_K S`` and ``T_rest = 1 - sum_K T``, is one more outcome, so each mode above is
+  the divergence of the (k + 1)-outcome distributions; reverse KL, for instance, is
+  ``sum_K S log(S/T) + S_rest log(S_rest / T_rest)``. It keeps the teacher's confidence
+  (how much of its mass K holds) and is at most the full-vocabulary divergence (the
+  data-processing inequality). ``T_rest`` comes from the teacher's top-k log-probs,
+  ``log T_rest = log(1 - exp(logsumexp_K log T))``, in float64 and floored at 1e-12 (a K
+  that holds the whole vocabulary);
+- ``renormalize: true``: S and T are conditioned on K (each divided by its mass there),
+  the divergence of where each puts its mass within K, blind to how much K holds.
+
+Either is 0, with gradient 0, when the student equals the teacher, and never negative.
 
 On the sampled token alone:
 
@@ -64,15 +84,20 @@ import torch
 from pydantic import Field, model_validator
 
 from pt_core.config import Section
+from pt_core.errors import ConfigError
 from pt_train.objectives.base import LossOutput, Objective, mean_metric
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "skewed_kl", "jsd")
+# The least tail mass log_tail_mass gives: below it a top-k covers the vocabulary.
+TAIL_FLOOR = 1e-12
 
 
 class TeacherConfig(Section):
     """The teacher: ``path`` (a local directory or hub name) for the online loop and for
-    ``support: full`` (run in-process); ``top_k`` of its log-probs that the online loop
-    asks its scoring engine for."""
+    ``support: full`` (run in-process); ``top_k``: the size of a top-k support, which the
+    online loop asks its scoring engine (or, for ``student_topk``, its generator) for;
+    on piped scored rollouts, when given, the first ``top_k`` of each position's list (an
+    error where the lists are shorter), else the whole list."""
 
     path: str | None = None
     top_k: int = Field(8, ge=1)
@@ -101,10 +126,57 @@ class OPDConfig(Section):
             )
         if self.support == "full" and self.renormalize:
             raise ValueError("renormalize applies to a top-k support, not to support: full")
+        # Keys at a value other than their default (a run's frozen config.yaml lists every
+        # key, so "given" cannot mean "written by the user"; a default changes nothing).
+        given = self.model_dump(exclude_defaults=True)
+        pg = self.loss == "pg_reverse_kl"
+        used = {
+            "alpha": (self.loss == "skewed_kl", "loss: skewed_kl"),
+            "beta": (self.loss == "jsd", "loss: jsd"),
+            "clip_epsilon": (
+                pg and self.importance_ratio,
+                "loss: pg_reverse_kl with importance_ratio: true",
+            ),
+            "importance_ratio": (pg, "loss: pg_reverse_kl"),
+            "advantage": (pg, "loss: pg_reverse_kl"),
+            "support": (self.loss in DIVERGENCES, "the divergences " + ", ".join(DIVERGENCES)),
+            "renormalize": (self.loss in DIVERGENCES, "the divergences on a top-k support"),
+        }
+        for key, (applies, where) in used.items():
+            if key in given and not applies:
+                raise ValueError(
+                    f"objective.{key}={getattr(self, key)} has no effect with loss: "
+                    f"{self.loss}{', importance_ratio: false' if pg else ''}: it applies "
+                    f"to {where}; remove it"
+                )
+        if "top_k" in given.get("teacher", {}) and (
+            self.loss not in DIVERGENCES or self.support == "full"
+        ):
+            raise ValueError(
+                f"objective.teacher.top_k={self.teacher.top_k} has no effect with loss: "
+                f"{self.loss}, support: {self.support}; remove it (it sizes a top-k support)"
+            )
         return self
 
 
 # --------------------------------------------------------------------------- pure losses
+
+
+def log_tail_mass(logps: torch.Tensor) -> torch.Tensor:
+    """[..., K] log-probs of K tokens -> [...] ``log(1 - sum_K p)``, the log-mass of every
+    other token, in float64: where K holds nearly all the mass, ``1 - exp(logsumexp)``
+    in float32 would be mostly rounding error. The mass is floored at ``TAIL_FLOOR`` so
+    that a K that covers the vocabulary (or log-probs that sum to a hair over 1) gives a
+    finite log of an empty tail instead of ``-inf`` or NaN."""
+    covered = torch.logsumexp(logps.double(), dim=-1).clamp(max=math.log1p(-TAIL_FLOOR))
+    # log(1 - e^x) for x <= 0: log(-expm1(x)) is exact near 0, log1p(-exp(x)) far below it
+    near_one = covered > -math.log(2)
+    tail = torch.where(
+        near_one,
+        torch.log(-torch.expm1(covered.clamp(min=-math.log(2)))),
+        torch.log1p(-torch.exp(covered.clamp(max=-math.log(2)))),
+    )
+    return tail.to(logps.dtype)
 
 
 def divergence(
@@ -115,11 +187,21 @@ def divergence(
     alpha: float = 0.5,
     beta: float = 0.5,
     renormalize: bool = False,
+    tail: bool = False,
 ) -> torch.Tensor:
-    """[..., K] log-probs of the same K tokens under S and T -> [...] divergence."""
+    """[..., K] log-probs of the same K tokens under S and T -> [...] divergence.
+
+    The K tokens are the whole vocabulary unless ``renormalize`` (S and T conditioned on
+    K) or ``tail`` (the mass outside K as one more outcome) says they are a part of it:
+    a sum over part of the vocabulary alone is not a divergence."""
+    assert not (renormalize and tail), "renormalize and tail are two ways to close a support"
     if renormalize:
         student = student - torch.logsumexp(student, dim=-1, keepdim=True)
         teacher = teacher - torch.logsumexp(teacher, dim=-1, keepdim=True)
+    elif tail:
+        # [..., K] -> [..., K + 1]: the tail bucket is the last outcome
+        student = torch.cat([student, log_tail_mass(student).unsqueeze(-1)], dim=-1)
+        teacher = torch.cat([teacher, log_tail_mass(teacher).unsqueeze(-1)], dim=-1)
     teacher = teacher.detach()
     if kind == "forward_kl":
         return (teacher.exp() * (teacher - student)).sum(-1)
@@ -187,6 +269,9 @@ class OPD(Objective):
         # (the frozen model beside the policy) with the dense term of the token head.
         self.reference = "dense" if cfg.support == "full" and cfg.loss in DIVERGENCES else "none"
         self.temperature = 1.0
+        # The size of a top-k support where the config gives one; else the data's width.
+        given = cfg.teacher.model_dump(exclude_defaults=True)
+        self.top_k = cfg.teacher.top_k if "top_k" in given else None
 
     def frozen(self):
         from pt_train.objectives.reference import ReferenceConfig
@@ -216,13 +301,56 @@ class OPD(Objective):
         )
         return need
 
+    def configure(self, train_cfg) -> None:
+        """Scored rollouts given as data: refuse a ``teacher.top_k`` wider than their
+        lists now, from the first row, rather than at the first step."""
+        if train_cfg.data.path is None or train_cfg.rollout.prompts is not None:
+            return
+        column = self._support_ids_column()
+        if column is None or self.top_k is None:
+            return
+        from pt_core.files import iter_rows, split_path
+
+        source = split_path(train_cfg.data.path, train_cfg.data.split)
+        first = next(iter_rows(source), None)
+        lists = first.get(column) if first else None
+        if lists:
+            self._check_width(len(lists[0]), column, f"{source}: ")
+
+    def _support_ids_column(self) -> str | None:
+        if self.cfg.loss not in DIVERGENCES or self.cfg.support == "full":
+            return None
+        return "teacher_topk_ids" if self.cfg.support == "teacher_topk" else "student_topk_ids"
+
+    def _check_width(self, width: int, column: str, where: str = "") -> None:
+        top_k = self.top_k
+        if width < top_k:
+            raise ConfigError(
+                f"{where}objective.teacher.top_k={top_k}, but the rollouts' {column} hold "
+                f"{width} tokens per position",
+                hint=f"set objective.teacher.top_k to at most {width}, or score (generate) "
+                f"the rollouts with a top-k of at least {top_k}",
+            )
+
+    def support_columns(self, batch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """[N, K] ids and the teacher's [N, K] log-probs of a top-k support, cut to
+        ``teacher.top_k`` where the config gives one (the lists are most likely first);
+        None for the other losses and supports."""
+        column = self._support_ids_column()
+        if column is None:
+            return None
+        ids = batch.data[column]
+        logps = batch.data[
+            "teacher_topk_logps" if column == "teacher_topk_ids" else "teacher_student_topk_logps"
+        ]
+        if self.top_k is None:
+            return ids, logps
+        self._check_width(ids.shape[-1], column)
+        return ids[..., : self.top_k], logps[..., : self.top_k]
+
     def head(self, batch) -> dict:
-        extra = None
-        if self.cfg.loss in DIVERGENCES and self.cfg.support == "teacher_topk":
-            extra = batch.data["teacher_topk_ids"]
-        elif self.cfg.loss in DIVERGENCES and self.cfg.support == "student_topk":
-            extra = batch.data["student_topk_ids"]
-        return {"extra_ids": extra, "temperature": self.temperature}
+        support = self.support_columns(batch)
+        return {"extra_ids": support[0] if support else None, "temperature": self.temperature}
 
     def dense(self):
         cfg = self.cfg
@@ -244,18 +372,14 @@ class OPD(Objective):
             if cfg.support == "full":
                 per_token = out.dense
             else:
-                key = (
-                    "teacher_topk_logps"
-                    if cfg.support == "teacher_topk"
-                    else ("teacher_student_topk_logps")
-                )
                 per_token = divergence(
                     cfg.loss,
                     out.logps[:, 1:],
-                    batch.data[key].to(student_token.dtype),
+                    self.support_columns(batch)[1].to(student_token.dtype),
                     alpha=cfg.alpha,
                     beta=cfg.beta,
                     renormalize=cfg.renormalize,
+                    tail=not cfg.renormalize,
                 )
             metrics["kl"] = mean_metric(per_token)
         elif cfg.loss == "token_kl":

@@ -1,0 +1,154 @@
+"""No objective key is silently ignored: a key the rest of the config makes useless is
+refused at start with one line that names it (a ConfigError, exit 2), and a key that
+applies takes effect. A key at its default value is accepted anywhere, because a run's
+frozen config.yaml lists every key and must load again when the run resumes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pt_core.config import config_to_dict, validate
+from pt_core.errors import ConfigError
+from pt_train.config import TrainConfig
+from pt_train.objectives.opd import OPD
+from pt_train.producers.rollouts import RolloutSample, rollout_batch
+
+
+def load(objective: dict) -> TrainConfig:
+    """The config as ``pt-train run``/``check`` validate it."""
+    data = {
+        "run_name": "r",
+        "model": {"init": {"tokenizer": "tok"}},
+        "objective": objective,
+        "training": {"max_steps": 1},
+    }
+    return validate(data, TrainConfig)
+
+
+REFUSED = [
+    # OPD: the keys of one loss mode with another
+    ({"name": "opd", "loss": "forward_kl", "alpha": 0.3}, "objective.alpha=0.3"),
+    ({"name": "opd", "loss": "reverse_kl", "beta": 0.2}, "objective.beta=0.2"),
+    ({"name": "opd", "loss": "jsd", "clip_epsilon": 0.1}, "objective.clip_epsilon=0.1"),
+    (
+        {"name": "opd", "loss": "pg_reverse_kl", "importance_ratio": False, "clip_epsilon": 0.1},
+        "objective.clip_epsilon=0.1",
+    ),
+    ({"name": "opd", "loss": "skewed_kl", "importance_ratio": False}, "objective.importance_ratio"),
+    ({"name": "opd", "loss": "forward_kl", "advantage": "online"}, "objective.advantage=online"),
+    ({"name": "opd", "loss": "token_kl", "support": "student_topk"}, "objective.support"),
+    ({"name": "opd", "loss": "pg_reverse_kl", "renormalize": True}, "objective.renormalize"),
+    ({"name": "opd", "loss": "token_kl", "teacher": {"top_k": 4}}, "objective.teacher.top_k=4"),
+    (
+        {"name": "opd", "support": "full", "teacher": {"path": "t/", "top_k": 4}},
+        "objective.teacher.top_k=4",
+    ),
+    # DPO: SimPO compares no reference model
+    (
+        {"name": "dpo", "loss_type": "simpo", "reference": {"precompute": True}},
+        "objective.reference",
+    ),
+    ({"name": "dpo", "loss_type": "simpo", "reference": {"path": "ref/"}}, "objective.reference"),
+    ({"name": "dpo", "loss_type": "sigmoid", "simpo_gamma": 1.0}, "objective.simpo_gamma=1.0"),
+    # GRPO: a reward function is the whole reward; beta 0 loads no reference
+    (
+        {"name": "grpo", "reward": {"function": "m:f", "format_reward": 0.5}},
+        "objective.reward.format_reward=0.5",
+    ),
+    (
+        {"name": "grpo", "reward": {"function": "m:f", "answer_key": "gold"}},
+        "objective.reward.answer_key=gold",
+    ),
+    ({"name": "grpo", "kl_estimator": "k1"}, "objective.kl_estimator"),
+    ({"name": "grpo", "reference": {"path": "ref/"}}, "objective.reference"),
+]
+
+
+@pytest.mark.parametrize(("objective", "key"), REFUSED, ids=[k for _, k in REFUSED])
+def test_a_key_that_has_no_effect_is_refused_naming_it(objective, key):
+    with pytest.raises(ConfigError) as caught:
+        load(objective)
+    assert caught.value.exit_code == 2
+    assert key in str(caught.value) and "no effect" in str(caught.value)
+
+
+ACCEPTED = [
+    {"name": "opd", "loss": "skewed_kl", "alpha": 0.3},
+    {"name": "opd", "loss": "jsd", "beta": 0.2, "support": "student_topk", "teacher": {"top_k": 4}},
+    {"name": "opd", "loss": "pg_reverse_kl", "clip_epsilon": 0.1, "advantage": "online"},
+    {"name": "opd", "loss": "reverse_kl", "renormalize": True},
+    {"name": "opd", "loss": "token_kl", "alpha": 0.5},  # the default: changes nothing
+    {"name": "dpo", "loss_type": ["sigmoid", "simpo"], "reference": {"precompute": True}},
+    {"name": "dpo", "loss_type": "simpo", "simpo_gamma": 1.0},
+    {"name": "grpo", "reward": {"format_reward": 0.5}},
+    {"name": "grpo", "reward": {"function": "m:f", "format_reward": 0.0}},
+    {"name": "grpo", "beta": 0.1, "kl_estimator": "k1", "reference": {"path": "ref/"}},
+]
+
+
+@pytest.mark.parametrize("objective", ACCEPTED)
+def test_keys_that_take_effect_and_defaults_are_accepted(objective):
+    load(objective)
+
+
+@pytest.mark.parametrize("name", ["opd", "dpo", "grpo"])
+def test_a_frozen_config_with_every_key_at_its_default_loads_again(name):
+    """config.yaml holds every key, defaults included: it must validate on resume."""
+    frozen = config_to_dict(load({"name": name}))
+    assert validate(frozen, TrainConfig).objective.name == name
+
+
+def scored(width: int):
+    """One rollout of two completion tokens, scored with the teacher's top-``width``."""
+    ids = np.arange(2 * width).reshape(2, width)
+    logps = np.log(np.full((2, width), 0.9 / width))
+    sample = RolloutSample(
+        np.array([1, 2]),
+        np.array([3, 4]),
+        {
+            "teacher_token_logps": np.array([-1.0, -1.0]),
+            "teacher_topk_ids": ids,
+            "teacher_topk_logps": logps,
+        },
+    )
+    return rollout_batch([sample], pad_token_id=0)
+
+
+def test_teacher_top_k_cuts_the_scored_lists_to_its_size():
+    """Rollouts scored with a top-6 and teacher.top_k 4: the support is the first 4 (the
+    lists are most likely first); without top_k it is the whole list."""
+    objective = OPD(load({"name": "opd", "teacher": {"top_k": 4}}).objective)
+    assert objective.head(scored(6))["extra_ids"].tolist() == [[0, 1, 2, 3], [6, 7, 8, 9]]
+    assert OPD(load({"name": "opd"}).objective).head(scored(6))["extra_ids"].shape == (2, 6)
+
+
+def test_teacher_top_k_larger_than_the_scored_lists_is_refused():
+    objective = OPD(load({"name": "opd", "teacher": {"top_k": 16}}).objective)
+    with pytest.raises(ConfigError, match=r"objective.teacher.top_k=16.*hold 6 tokens"):
+        objective.head(scored(6))
+
+
+def test_teacher_top_k_larger_than_piped_scored_rollouts_is_refused_at_start(tmp_path):
+    """The trainer configures the objective before it loads data or models: the first row
+    of the scored rollouts shows their lists are 6 wide, shorter than top_k 16."""
+    rows = tmp_path / "scores.jsonl"
+    row = {
+        "prompt_token_ids": [1, 2],
+        "completion_token_ids": [3, 4],
+        "teacher_token_logprobs": [-1.0, -1.0],
+        "teacher_topk_ids": [list(range(6))] * 2,
+        "teacher_topk_logprobs": [[-2.0] * 6] * 2,
+    }
+    rows.write_text(json.dumps(row) + "\n")
+    for top_k, refused in ((16, True), (6, False), (4, False)):
+        cfg = load({"name": "opd", "teacher": {"top_k": top_k}})
+        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(rows)})})
+        objective = OPD(cfg.objective)
+        if refused:
+            with pytest.raises(ConfigError, match=r"objective.teacher.top_k=16.*hold 6 tokens"):
+                objective.configure(cfg)
+        else:
+            objective.configure(cfg)
