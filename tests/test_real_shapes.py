@@ -217,7 +217,7 @@ def test_token_rows_without_dataset_json_past_the_vocabulary_are_refused(
     shutil.copy(next((qwen_data / "train").glob("*.parquet")), bare)
     config = sft_config(tmp_path, tiny_model_dir, run_name="bare", max_steps=1)
     out = pt("pt-train", "run", config, "--data", bare, cwd=tmp_path, check=False)
-    assert out.returncode == 2 and "holds token id" in out.stderr, out.stderr[-2000:]
+    assert out.returncode == 2 and "holds token id 151645" in out.stderr, out.stderr[-2000:]
     assert "IndexError" not in out.stderr
 
 

@@ -65,7 +65,9 @@ class Pair:
         return 2 * len(self.prompt) + len(self.chosen) + len(self.rejected)
 
 
-def load_rows(data: DataConfig, path: str | Path, tokenizer) -> list[Row]:
+def load_rows(
+    data: DataConfig, path: str | Path, tokenizer, vocab_size: int | None = None
+) -> list[Row]:
     """Every training row of ``path`` (pt-data directory, file, or directory of shards)."""
     source = split_path(path, data.split)
     rows = iter_rows(source)
@@ -77,7 +79,7 @@ def load_rows(data: DataConfig, path: str | Path, tokenizer) -> list[Row]:
         _warn_unused(data, "tokenized rows", ("packing", "train_on", "truncate", "max_seq_length"))
         out = [_tokenized_row(first, source, 0)]
         out += [_tokenized_row(r, source, i) for i, r in enumerate(rows, start=1)]
-        check_token_ids(((r.input_ids,) for r in out), tokenizer, source)
+        check_token_ids(((r.input_ids,) for r in out), vocab_size or len(tokenizer), source)
     elif "messages" in first:
         resolve_template(tokenizer, None, key="data.chat_template")  # no template: one error
         out = _tokenize_conversations([first, *rows], data, tokenizer)
@@ -96,7 +98,9 @@ def load_rows(data: DataConfig, path: str | Path, tokenizer) -> list[Row]:
     return out
 
 
-def load_pairs(data: DataConfig, path: str | Path, tokenizer) -> list[Pair]:
+def load_pairs(
+    data: DataConfig, path: str | Path, tokenizer, vocab_size: int | None = None
+) -> list[Pair]:
     """Every preference pair of ``path``: pt-data's tokenized pairs, or untokenized
     ``prompt``/``chosen``/``rejected`` rows tokenized here with pt-data's code."""
     source = split_path(path, data.split)
@@ -107,7 +111,9 @@ def load_pairs(data: DataConfig, path: str | Path, tokenizer) -> list[Pair]:
     if all(k in first for k in PAIR_COLUMNS):
         _warn_unused(data, "tokenized pairs", ("max_prompt_length", "max_completion_length"))
         pairs = [_tokenized_pair(r, source, i) for i, r in enumerate([first, *rows])]
-        check_token_ids(((p.prompt, p.chosen, p.rejected) for p in pairs), tokenizer, source)
+        check_token_ids(
+            ((p.prompt, p.chosen, p.rejected) for p in pairs), vocab_size or len(tokenizer), source
+        )
         return pairs
     if "chosen" in first and "rejected" in first:
         # prompt/chosen/rejected, whole conversations sharing a prompt, or HH texts
@@ -121,18 +127,17 @@ def load_pairs(data: DataConfig, path: str | Path, tokenizer) -> list[Pair]:
     )
 
 
-def check_token_ids(rows, tokenizer, source) -> None:
-    """Refuse rows holding ids the model's tokenizer does not have: they were made by
-    another tokenizer (an id past the vocabulary would index past the embedding)."""
-    vocab = len(tokenizer)
+def check_token_ids(rows, vocab_size: int, source) -> None:
+    """Refuse rows holding ids past the model's vocabulary (``vocab_size`` embedding rows):
+    another tokenizer made them, and they would index past the embedding. (Rows of a
+    smaller vocabulary are caught by the tokenizer fingerprint in dataset.json.)"""
     for index, arrays in enumerate(rows):
         for ids in arrays:
-            if len(ids) and (int(ids.max()) >= vocab or int(ids.min()) < 0):
-                bad = int(ids.max()) if int(ids.max()) >= vocab else int(ids.min())
+            if len(ids) and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
+                bad = int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min())
                 raise InputError(
-                    f"{source}: row {index + 1} holds token id {bad}; the model's tokenizer "
-                    f"{getattr(tokenizer, 'name_or_path', '')} has ids 0..{vocab - 1}: the rows "
-                    "were made by another tokenizer",
+                    f"{source}: row {index + 1} holds token id {bad}; the model has ids "
+                    f"0..{vocab_size - 1}: the rows were made by another tokenizer",
                     hint="rebuild the data with the model's tokenizer",
                 )
 

@@ -323,7 +323,7 @@ class Trainer:
             "attn_implementation": cfg.model.attn_implementation,
         }
         if self.objective.data == "tokens":
-            rows = load_rows(cfg.data, cfg.data.path, self.tokenizer)
+            rows = load_rows(cfg.data, cfg.data.path, self.tokenizer, self._vocab_size())
             return rows_producer(rows, **common, **sampling)
         if self.objective.data == "rollouts":
             from pt_train.producers.rollouts import load_rollouts, rollouts_producer
@@ -336,7 +336,7 @@ class Trainer:
                 shared_prompt=cfg.data.shared_prompt,
                 **sampling,
             )
-        pairs = load_pairs(cfg.data, cfg.data.path, self.tokenizer)
+        pairs = load_pairs(cfg.data, cfg.data.path, self.tokenizer, self._vocab_size())
         producer = pairs_producer(
             pairs, **common, max_seq_length=cfg.data.max_seq_length, **sampling
         )
@@ -351,6 +351,20 @@ class Trainer:
                 **sampling,
             )
         return producer
+
+    def _vocab_size(self) -> int:
+        """The embedding rows of the model the run trains (it may pad the tokenizer's)."""
+        m = self.cfg.model
+        if m.init is not None:
+            return m.init.vocab_size or len(self.tokenizer)
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(m.name_or_path)
+        except (OSError, ValueError):
+            return len(self.tokenizer)  # the model load reports what is wrong
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return int(getattr(text, "vocab_size", None) or len(self.tokenizer))
 
     def _load_reference(self):
         from pt_train.reference import load_frozen
