@@ -64,7 +64,7 @@ def plot_curves(out: Path) -> Path:
         ], False),
         (axes[1][0], "OPD: KL(student || teacher) on the student's samples", [
             ("opd", "sampled_kl", "per token, single-sample estimate"),
-            ("opd", "kl", "forward KL over the teacher's top-8"),
+            ("opd", "kl", "forward KL over the teacher's top-8 and the rest"),
         ], False),
         (axes[1][1], "GRPO: reward (pt-eval correct) per round", [
             ("grpo", "sampled_reward", "every sample drawn (fresh prompts)"),
