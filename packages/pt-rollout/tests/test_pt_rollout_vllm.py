@@ -19,7 +19,7 @@ import torch
 
 from pt_core.files import read_rows, write_rows
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # each engine start takes tens of seconds
 
 REPO = Path(__file__).resolve().parents[3]
 VLLM_BIN = REPO / ".venv-vllm" / "bin"

@@ -503,6 +503,7 @@ def test_a_generator_process_pushed_the_merged_weights_generates_what_the_adapte
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_vllm_loads_the_merged_checkpoint_and_generates_what_the_adapted_model_does(
     world, tiny_tokenizer, tiny_tokenizer_dir
 ):

@@ -65,6 +65,7 @@ def run(workdir, pt_train_run):
     return run
 
 
+@pytest.mark.slow  # pt-train processes that wait out a watchdog window
 def test_a_hung_rank_makes_every_rank_dump_its_stacks_and_exit_with_the_hang_code(workdir, run):
     """Rank 1 of 2 sleeps before step 3 (0-based), so rank 0 waits for it in the step's
     first all-reduce: neither completes step 4 within the window. Each rank writes its own
@@ -91,6 +92,7 @@ def test_a_hung_rank_makes_every_rank_dump_its_stacks_and_exit_with_the_hang_cod
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-2"
 
 
+@pytest.mark.slow  # pt-train processes that wait out a watchdog window
 def test_a_slow_run_that_keeps_stepping_is_not_stopped(workdir, run):
     """Every step sleeps 3 s: the run takes 6 x 3 = 18 s, twice the 9 s window, but no
     single step comes near it, so the watchdog never fires."""
@@ -100,6 +102,7 @@ def test_a_slow_run_that_keeps_stepping_is_not_stopped(workdir, run):
     assert not hang_dumps(workdir / "runs" / "slow")
 
 
+@pytest.mark.slow  # pt-train processes that wait out a watchdog window
 def test_the_first_step_has_its_own_window(workdir, run):
     """A 6 s window, and a first step that sleeps 8 s after the model load: within the
     first-step window (30 min by default) the run finishes; with that window set to the
@@ -116,6 +119,7 @@ def test_the_first_step_has_its_own_window(workdir, run):
     assert "waited 0.1 min for the first optimizer step of this process" in dump.read_text()
 
 
+@pytest.mark.slow  # pt-train processes that wait out a watchdog window
 def test_a_hang_that_holds_the_gil_is_ended_by_faulthandlers_backstop(workdir, run):
     """The stall sleeps in a C call that keeps the GIL, so the watchdog's Python thread
     cannot run; faulthandler's C thread dumps the stacks to stderr 3 + 10 + 30 s after the
