@@ -149,6 +149,7 @@ def test_generate_pipes_into_score(tmp_path, tiny_model_dir, cli):
         n = len(row["completion_token_ids"])
         assert len(row["teacher_token_logprobs"]) == n
         assert [len(ids) for ids in row["teacher_topk_ids"]] == [3] * n
+        assert row["teacher_model"] == str(Path(tiny_model_dir).resolve())  # who scored it
 
 
 def test_score_matches_the_generating_models_logprobs(tmp_path, tiny_model_dir):

@@ -152,3 +152,30 @@ def test_teacher_top_k_larger_than_piped_scored_rollouts_is_refused_at_start(tmp
                 objective.configure(cfg)
         else:
             objective.configure(cfg)
+
+
+def test_teacher_path_other_than_the_scorer_of_piped_rollouts_is_refused_at_start(tmp_path):
+    """Scored rollouts record the model that scored them (pt-rollout score's teacher_model);
+    a teacher.path naming another model would change nothing (the scores in the rows are
+    what OPD trains toward), so it is refused. The same model, or no teacher.path, runs."""
+    scorer, other = tmp_path / "teacher", tmp_path / "other"
+    scorer.mkdir()
+    other.mkdir()
+    rows = tmp_path / "scores.jsonl"
+    row = {
+        "prompt_token_ids": [1, 2],
+        "completion_token_ids": [3, 4],
+        "teacher_model": str(scorer.resolve()),
+        "teacher_token_logprobs": [-1.0, -1.0],
+        "teacher_topk_ids": [list(range(4))] * 2,
+        "teacher_topk_logprobs": [[-2.0] * 4] * 2,
+    }
+    rows.write_text(json.dumps(row) + "\n")
+    for path, refused in ((other, True), (scorer, False), (None, False)):
+        cfg = load({"name": "opd", "teacher": {"path": str(path) if path else None}})
+        cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"path": str(rows)})})
+        if refused:
+            with pytest.raises(ConfigError, match=r"objective.teacher.path=.*other.*scored by"):
+                OPD(cfg.objective).configure(cfg)
+        else:
+            OPD(cfg.objective).configure(cfg)

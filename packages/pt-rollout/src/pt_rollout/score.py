@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from pt_core.errors import ConfigError, InputError
 from pt_core.files import iter_rows, require_columns
@@ -47,6 +48,8 @@ def score(
     if top_k < 0:
         raise ConfigError(f"--top-k must be >= 0, got {top_k}")
     teacher = str(teacher)
+    # which model scored each row, so a trainer can refuse a teacher.path naming another
+    teacher_model = str(Path(teacher).resolve()) if Path(teacher).is_dir() else teacher
     started = time.perf_counter()
     path, _ = resolve_input(rollouts, expected=("rollouts", "scores", "grades"))
     rows = list(iter_rows(path))
@@ -94,7 +97,11 @@ def score(
                     raise InputError(f"{path}: {exc}") from None
                 scored = []
                 for row, s in zip(batch, scores, strict=True):
-                    row = {**row, "teacher_token_logprobs": s.token_logprobs}
+                    row = {
+                        **row,
+                        "teacher_token_logprobs": s.token_logprobs,
+                        "teacher_model": teacher_model,
+                    }
                     if top_k:
                         row["teacher_topk_ids"] = s.topk_ids
                         row["teacher_topk_logprobs"] = s.topk_logprobs

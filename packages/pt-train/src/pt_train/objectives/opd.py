@@ -306,16 +306,34 @@ class OPD(Objective):
         lists now, from the first row, rather than at the first step."""
         if train_cfg.data.path is None or train_cfg.rollout.prompts is not None:
             return
-        column = self._support_ids_column()
-        if column is None or self.top_k is None:
-            return
         from pt_core.files import iter_rows, split_path
 
         source = split_path(train_cfg.data.path, train_cfg.data.split)
-        first = next(iter_rows(source), None)
-        lists = first.get(column) if first else None
+        first = next(iter_rows(source), None) or {}
+        self._check_scorer(first.get("teacher_model"), source)
+        column = self._support_ids_column()
+        if column is None or self.top_k is None:
+            return
+        lists = first.get(column)
         if lists:
             self._check_width(len(lists[0]), column, f"{source}: ")
+
+    def _check_scorer(self, scored_by: str | None, source) -> None:
+        """``teacher.path`` on scored rollouts names the model that scored them, or nothing:
+        the run trains toward the scores in the rows, whatever the config says."""
+        from pathlib import Path
+
+        named = self.cfg.teacher.path
+        if named is None or scored_by is None:
+            return
+        named_as = str(Path(named).resolve()) if Path(named).is_dir() else named
+        if named_as != scored_by:
+            raise ConfigError(
+                f"{source}: objective.teacher.path={named}, but the rollouts were scored by "
+                f"{scored_by}; the run would train toward that model, not {named}",
+                hint="drop objective.teacher.path (the scores in the rows are used), or "
+                f"score the rollouts with pt-rollout score --teacher {named}",
+            )
 
     def _support_ids_column(self) -> str | None:
         if self.cfg.loss not in DIVERGENCES or self.cfg.support == "full":
