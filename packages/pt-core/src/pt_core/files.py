@@ -325,6 +325,18 @@ class JsonlAppender:
                 fh.write(keep)
 
 
+def read_dataset_info(directory: str | os.PathLike) -> dict | None:
+    """``dataset.json`` of the pt-data dataset ``directory`` (None when it has none); a
+    file that is not JSON is an InputError naming it."""
+    info_path = Path(directory) / "dataset.json"
+    if not info_path.is_file():
+        return None
+    try:
+        return json.loads(info_path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise InputError(f"{info_path}: not valid JSON ({exc})") from None
+
+
 def split_path(path: str | os.PathLike, split: str = "train") -> Path:
     """The rows of one split of a dataset.
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from pt_core.contracts import IGNORE_INDEX
 from pt_core.errors import InputError
+from pt_core.files import read_dataset_info
 
 STAGES = ("raw", "transformed", "formatted", "tokenized")
 
@@ -143,7 +144,7 @@ def inspect_dataset(
 
     p = Path(path)
     records = []
-    info = json.loads((p / "dataset.json").read_text()) if (p / "dataset.json").exists() else {}
+    info = read_dataset_info(p) or {}
     rows = iter_rows(split_path(p, split), skip_bad=skip_bad)
     for k, row in enumerate(rows):
         if k >= n:

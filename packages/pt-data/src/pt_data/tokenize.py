@@ -76,6 +76,15 @@ def text_of_parts(parts: list, where: str) -> str:
     return "\n".join(texts)
 
 
+def _parse_json(text: str, what: str, hint: str) -> Any:
+    """``text`` parsed (datasets store tool calls and schemas as JSON strings), or an
+    InputError saying ``what`` and why."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{what} ({exc})", hint=hint) from None
+
+
 def _tool_call(call: Any, where: str) -> dict:
     """One tool call with its ``arguments`` as a dict: OpenAI's format holds them as a JSON
     string, and tool-use chat templates expect a mapping (they would quote the string)."""
@@ -88,13 +97,11 @@ def _tool_call(call: Any, where: str) -> dict:
     arguments = function.get("arguments")
     if not isinstance(arguments, str):
         return call
-    try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{where}: the arguments of tool call {function['name']!r} are not JSON ({exc})",
-            hint="give arguments as an object or as a JSON string of one",
-        ) from None
+    parsed = _parse_json(
+        arguments,
+        f"{where}: the arguments of tool call {function['name']!r} are not JSON",
+        "give arguments as an object or as a JSON string of one",
+    )
     function = {**function, "arguments": parsed}
     return {**call, "function": function} if "function" in call else function
 
@@ -153,13 +160,11 @@ def check_tools(tools: Any, where: str = "conversation") -> list[dict] | None:
     """A row's ``tools`` column as the chat template takes it: a list of tool schemas (a
     JSON string of one, as some datasets store it, is parsed), or None."""
     if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as exc:
-            raise InputError(
-                f"{where}: column 'tools' is a string but not JSON ({exc})",
-                hint="give tools as a list of JSON schemas, or as a JSON string of one",
-            ) from None
+        tools = _parse_json(
+            tools,
+            f"{where}: column 'tools' is a string but not JSON",
+            "give tools as a list of JSON schemas, or as a JSON string of one",
+        )
     if tools is None or (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         return tools
     raise InputError(
@@ -264,8 +269,7 @@ class ConversationTokenizer:
         return self.encode_rendered(self._render_all(conversations, tools))
 
     def _render_all(self, conversations, tools) -> list[tuple[str, list[tuple[int, int]]]]:
-        if tools is None:
-            return [self.render_with_spans(m) for m in conversations]
+        tools = [None] * len(conversations) if tools is None else tools
         return [
             self.render_with_spans(m, tools=t) for m, t in zip(conversations, tools, strict=True)
         ]

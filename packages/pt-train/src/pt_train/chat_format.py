@@ -18,13 +18,13 @@ it never saw and let it run past the end of its turn:
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pt_core.chat import end_of_turn_ids, own_template, resolve_template, tokenizer_fingerprint
 from pt_core.errors import ConfigError
+from pt_core.files import read_dataset_info
 from pt_core.log import get_logger
 
 log = get_logger(__name__)
@@ -63,12 +63,9 @@ def dataset_info(path: str | None) -> tuple[dict, Path] | None:
         return None
     here = Path(path)
     for directory in (here, here.parent, here.parent.parent):
-        info = directory / "dataset.json"
-        if info.is_file():
-            try:
-                return json.loads(info.read_text(encoding="utf-8")), info
-            except (OSError, ValueError):
-                return None
+        info = read_dataset_info(directory)
+        if info is not None:
+            return info, directory / "dataset.json"
     return None
 
 

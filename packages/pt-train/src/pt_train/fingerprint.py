@@ -24,8 +24,8 @@ import json
 import os
 from pathlib import Path
 
-from pt_core.errors import ConfigError, InputError
-from pt_core.files import atomic_write_json, row_files, split_path
+from pt_core.errors import ConfigError
+from pt_core.files import atomic_write_json, read_dataset_info, row_files, split_path
 from pt_core.log import get_logger
 
 log = get_logger(__name__)
@@ -45,12 +45,8 @@ def data_fingerprint(path: str | os.PathLike, split: str = "train") -> dict:
     content: dict = {
         "files": {f.relative_to(base).as_posix(): _file_signature(f) for f in files},
     }
-    info_path = root / "dataset.json"
-    if root.is_dir() and info_path.is_file():
-        try:
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise InputError(f"{info_path}: not valid JSON ({exc})") from None
+    info = read_dataset_info(root) if root.is_dir() else None
+    if info is not None:
         content["config_hash"] = info.get("config_hash")
         content["rows"] = (info.get("splits") or {}).get(split)
     digest = hashlib.blake2b(
