@@ -39,6 +39,7 @@ with the weights of an uninterrupted run.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -271,18 +272,22 @@ class OnlineProducer(Producer):
             for triple in self._prompt_requests(position, [index])
         ]
 
-    def _sampling(self) -> dict:
+    @functools.cached_property
+    def _stop_token_ids(self) -> tuple[int, ...]:
+        """Fixed for the run (its tokenizer, template and model files): read once, not every
+        round (the generation config is a file, the end of turn a template rendering)."""
         from pt_rollout.prompts import stop_token_ids
 
+        return stop_token_ids(self._stop_source(), self.tokenizer, template=self.rollout.template)
+
+    def _sampling(self) -> dict:
         r = self.rollout
         return {
             "temperature": r.temperature,
             "top_p": r.top_p,
             "max_tokens": r.max_tokens,
             "stop": tuple(r.stop),
-            "stop_token_ids": stop_token_ids(
-                self._stop_source(), self.tokenizer, template=r.template
-            ),
+            "stop_token_ids": self._stop_token_ids,
             "logprobs": True,
             "logprobs_mode": self.objective.logprobs_mode,
             "logprobs_top_k": self._student_top_k(),
