@@ -45,6 +45,7 @@ from pt_eval.parse import (
     Text,
     is_name,
     parse_answer,
+    symbol_letters,
 )
 from pt_eval.policy import DEFAULT_POLICY, Policy
 
@@ -76,6 +77,9 @@ def answers_match(gold: str, pred: str, policy: Policy | None = None) -> bool:
     ctx = _Context(policy or DEFAULT_POLICY)
     if squash(gold) == squash(pred):
         return True
+    yes_no = normalize_text(gold), normalize_text(pred)
+    if yes_no[0] in ("yes", "no") or yes_no[1] in ("yes", "no"):
+        return yes_no[0] == yes_no[1]  # "No" answers the gold "no"
     return any(_match_one(g, p, ctx) for g in _readings(gold) for p in _readings(pred))
 
 
@@ -88,7 +92,8 @@ def _readings(text: str) -> list[str]:
 
 def _match_one(gold: str, pred: str, ctx: _Context) -> bool:
     g = _try_parse(gold)
-    p = _try_parse(pred)
+    # a capital the gold uses as a symbol is one in the prediction too: cB(2+i) is c*B*(2+i)
+    p = _try_parse(pred, symbol_letters(g) if g is not None else frozenset())
     if g is None or p is None:
         if g is None and p is None:
             return normalize_text(gold) == normalize_text(pred)
@@ -139,9 +144,9 @@ def _key(value) -> str:
     raise AssertionError(f"unknown value {value!r}")
 
 
-def _try_parse(text: str):
+def _try_parse(text: str, plain_letters: frozenset = frozenset()):
     try:
-        return parse_answer(text)
+        return parse_answer(text, plain_letters)
     except ParseError:
         return None
 
@@ -290,7 +295,7 @@ def _seqs_equal(g: Seq, p: Seq, ctx) -> bool:
     if (g_named is None) != (p_named is None) and (g.open or p.open):
         # x = 1, y = 2 against (1, 2): coordinates named in order
         named, other = (g, p) if g_named is not None else (p, g)
-        values = tuple(item.parts[1] for item in named.items)
+        values = _coordinates(named)
         if (other.open, other.close) == ("(", ")") and len(values) == len(other.items):
             pairs = (
                 zip(values, other.items, strict=True)
@@ -316,6 +321,30 @@ def _seqs_equal(g: Seq, p: Seq, ctx) -> bool:
     )
 
 
+# names of coordinates in their order: y = 8, x = 5 is the point (5, 8)
+_COORDINATE_ORDERS = (
+    ("x", "y", "z", "w"), ("a", "b", "c", "d"), ("m", "n"), ("p", "q"), ("h", "k"), ("u", "v"),
+    ("r", "theta"), ("rho", "theta", "phi"), ("r", "theta", "z"),
+)  # fmt: skip
+
+
+def _coordinates(named: Seq) -> tuple:
+    """The values of ``x = 5, y = 8`` in coordinate order (the written order when the names
+    are not the coordinates of one system)."""
+    names = [
+        item.parts[0].expr.name if isinstance(item.parts[0].expr, sympy.Symbol) else None
+        for item in named.items
+    ]
+    values = tuple(item.parts[1] for item in named.items)
+    if None in names:
+        return values
+    for order in _COORDINATE_ORDERS:
+        if set(names) == set(order[: len(names)]):
+            return tuple(v for _, v in sorted(zip(names, values, strict=True),
+                                              key=lambda nv: order.index(nv[0])))  # fmt: skip
+    return values
+
+
 def _all_tuples(seq: Seq) -> bool:
     return bool(seq.items) and all(
         isinstance(i, Seq) and (i.open, i.close) == ("(", ")") for i in seq.items
@@ -326,6 +355,10 @@ def _matrix_equal(g, p, ctx) -> bool:
     def rows_of(value):
         if isinstance(value, Matrix):
             return value.rows
+        if isinstance(value, Scalar):
+            other = p if value is g else g
+            if isinstance(other, Matrix) and len(other.rows[0]) == 1:
+                return _unit_vector_column(value, len(other.rows))
         if isinstance(value, Seq) and (value.open, value.close) in (("(", ")"), ("[", "]")):
             return tuple((item,) for item in value.items)  # a vector written as a tuple
         return None
@@ -348,6 +381,43 @@ def _matrix_equal(g, p, ctx) -> bool:
         for g_row, p_row in zip(g_rows, p_rows, strict=True)
         for a, b in zip(g_row, p_row, strict=True)
     )
+
+
+_UNIT_VECTOR_NAMES = {
+    axis: {axis, f"hat({axis})", f"vec({axis})", f"widehat({axis})", f"overrightarrow({axis})"}
+    for axis in "ijk"
+}  # fmt: skip
+
+
+def _unit_vector_column(value: Scalar, size: int):
+    """``a i + b j + c k`` (``\\mathbf{i}``, ``\\hat{i}``) as the column (a, b, c), when the
+    gold is a column of 2 or 3 entries; None when the value is not written that way."""
+    if size not in (2, 3) or value.unit or value.unit_word or value.base:
+        return None
+    expr = sympy.expand(value.expr)
+    symbols = {s.name: s for s in expr.free_symbols}
+    axes = {}
+    rest = expr
+    for axis in "ijk"[:size]:
+        names = _UNIT_VECTOR_NAMES[axis] & set(symbols)
+        if len(names) > 1:
+            return None
+        if names:
+            symbol = symbols[names.pop()]
+            axes[axis] = rest.coeff(symbol)
+            rest = sympy.expand(rest - axes[axis] * symbol)
+    if "i" not in axes and rest.has(sympy.I):  # i read as the imaginary unit
+        axes["i"] = rest.coeff(sympy.I)
+        rest = sympy.expand(rest - axes["i"] * sympy.I)
+    axes = [axes.get(axis, sympy.Integer(0)) for axis in "ijk"[:size]]
+    if rest != 0 or any(a.free_symbols for a in axes) or not any(a != 0 for a in axes):
+        return None
+    allowed = set().union(*_UNIT_VECTOR_NAMES.values())
+    if any(name not in allowed for name in symbols) or not (
+        {"j", "k"} & set(symbols) or any(n in symbols for n in _UNIT_VECTOR_NAMES["i"])
+    ):
+        return None  # 3 + 2i against a vector is a complex number, not a vector
+    return tuple((Scalar(a),) for a in axes)
 
 
 # --------------------------------------------------------------------------- relations

@@ -3,8 +3,9 @@
 The answer is the last thing the response states as its answer: a ``\\boxed{...}`` (or
 several boxes joined by "and", "or" or commas, as in ``x=\\boxed{1}`` or
 ``x=\\boxed{5}``), "the final answer is X", "the answer is therefore X", "Answer: X",
-GSM8K's ``#### X``. A later statement replaces an earlier one, so a retracted answer is
-not taken. A ``%`` or degree sign right after a box belongs to the answer.
+GSM8K's ``#### X``, a "Final Answer" heading, and the usual markers in Chinese, Japanese,
+Russian, Spanish, German and French. A later statement replaces an earlier one, so a
+retracted answer is not taken. A ``%`` or degree sign right after a box belongs to the answer.
 
 When a response states nothing, a short response that is itself an answer (``\\frac12``,
 ``Evelyn``) is taken; a finished response is then searched for its last math span
@@ -41,8 +42,38 @@ _STATEMENT = re.compile(
     r"given by|as follows|:|\*\*|__|,)(?![A-Za-z]))*[ \t]*",
     re.IGNORECASE,
 )
+# after a box, "so the only solution is $x = 5$" retracts it (before any box it may be one
+# case of several: "if x = 1, the only solution is ...")
+_RETRACTION = re.compile(
+    r"(?<![A-Za-z])(?:only|unique|sole|valid)\s+(?:real\s+|possible\s+)?(?:solutions?|values?)"
+    r"[ \t]*(?:is|are|=|:)(?![A-Za-z])[ \t]*",
+    re.IGNORECASE,
+)
+# a "Final Answer" heading with the answer on the lines below: "**Final Answer**\n\n14"
+_HEADING = re.compile(
+    r"(?im)^[ \t]*(?:#{1,6}[ \t]*)?(?:\*\*|__)?[ \t]*final[ \t]+answer[ \t]*:?[ \t]*"
+    r"(?:\*\*|__)?[ \t]*:?[ \t]*(?=\n)"
+)
+# answer markers in other languages: Chinese, Japanese, Russian, Spanish, German, French
+_FOREIGN_STATEMENT = re.compile(
+    r"(?:最终答案|最后答案|答案|答え|正解|解答)[ \t]*(?:是|为|為|は|:|：)[ \t]*"
+    r"|(?:故|所以|因此|因而|从而|從而|则|則)[ \t，,]*(?:应)?选(?:择|擇)?[ \t]*[:：]?[ \t]*"
+    r"|(?<![^\W\d_])(?:правильный[ \t]+|окончательный[ \t]+)?ответ"
+    r"[ \t]*(?:—|–|-|:|：|будет|равен)[ \t]*"
+    r"|(?<![^\W\d_])respuesta(?:[ \t]+(?:correcta|final))?[ \t]*(?:es|será|:)"
+    r"(?:[ \t]+(?:la|el)(?![^\W\d_]))?[ \t]*"
+    r"|(?<![^\W\d_])(?:richtige[ \t]+|endgültige[ \t]+)?antwort[ \t]*(?:ist|lautet|:)[ \t]*"
+    r"|(?<![^\W\d_])ist[ \t]+die[ \t]+(?:richtige[ \t]+)?antwort[ \t]*:?[ \t]*"
+    r"|(?<![^\W\d_])réponse(?:[ \t]+(?:finale|correcte))?[ \t]*(?:est|:)"
+    r"(?:[ \t]+la(?![^\W\d_]))?[ \t]*",
+    re.IGNORECASE,
+)
+# letters of scripts whose words are prose, never a formula (Greek letters are math)
+_NON_LATIN_WORD = re.compile(
+    "[\u0400-\u04ff\u0590-\u06ff\u0e00-\u0e7f\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]"
+)
 _GSM8K = re.compile(r"(?<!#)####(?!#)[ \t]*([^\n]{1,200})")
-_SENTENCE_END = re.compile(r"\.(?=\s|$)|[!?](?=\s|$)|;\s|\s-{1,2}\s")
+_SENTENCE_END = re.compile(r"\.(?=\s|$)|[!?](?=\s|$)|;\s|\s-{1,2}\s|[。！？；，、]")
 _QUOTE = re.compile(r"^(?:\\?[\"`]|“)+")
 _QUOTED = re.compile(r"(?:\\?[\"`]|“)(.*?)(?:\\?[\"`]|”)", re.DOTALL)
 _INLINE_SPAN = re.compile(r"\$([^$\n]+)\$")
@@ -51,7 +82,8 @@ _LEADING_SPANS = re.compile(
 )
 _HEAD_SPLIT = re.compile(
     r",\s+(?=(?:which|so|since|because|as|where|but|the|this|that|we|it|i\.e\.|namely|hence|"
-    r"thus|therefore|giving|given)\b)|\s+(?:because|since|as it|where)\s+",
+    r"thus|therefore|giving|given|not)\b)|\s+(?:because|since|as it|where|rather than|instead of)\s+"
+    r"|\s*\((?=\s*(?:not|rather than|instead of)\b)",
     re.IGNORECASE,
 )
 _COPULA = re.compile(r"\s(?:is|are|was|equals|equal to|=|be|becomes|gives)\s", re.IGNORECASE)
@@ -89,7 +121,9 @@ _NUMBER = re.compile(
     r"(?:\.\d+)?(?:/\d+)?|-?\.\d+)([ \t]?\\?%)?"
 )
 _EXPLICIT_THOUSANDS = re.compile(r"(?<=\d)\s*(?:\{\s*,\s*\}|,\\!\s*|,\\,\s*)(?=\d{3}(?!\d))")
-_UNFINISHED_END = re.compile(r"[A-Za-z0-9,(+\-=*/^_{\\&]\Z")
+# a response that ends like this stopped mid-word or mid-formula; a bare number at the end
+# ("... 6 + 8 = 14") is a finished statement
+_UNFINISHED_END = re.compile(r"[A-Za-z,(+\-=*/^_{\\&]\Z")
 
 
 def extract_answer(
@@ -99,10 +133,55 @@ def extract_answer(
 
     ``last_number``: None (default) falls back to the last math span and the last number
     of a finished response only; True also for a cut-off one; False never to a number.
-    ``truncated``: True when the response is known to be cut off (finish_reason length).
+    ``truncated``: True when the response is known to be cut off (finish_reason length),
+    False when it is known to have finished (finish_reason stop): then its text is not
+    judged; None (unknown) judges it by how it ends (:func:`finished`).
     """
+    return extract_with_source(text, last_number=last_number, truncated=truncated)[0]
+
+
+def extract_with_source(
+    text: str, *, last_number: bool | None = None, truncated: bool | None = None
+) -> tuple[str | None, str | None]:
+    """``(answer, source)``: source is "stated" (a box or an answer sentence), "short"
+    (the whole response is the answer), "fallback" (the last math span or number) or
+    None (no answer)."""
     if not isinstance(text, str) or not text.strip():
-        return None
+        return None, None
+    text = final_text(text)
+    if text is None:
+        return None, None
+    think_open = "<think>" in text and "</think>" not in text
+    if think_open:
+        truncated = True  # still thinking when it stopped
+    stated = stated_answer(text)
+    if stated is not None:
+        return stated, "stated"
+    stripped = text.strip()
+    if len(stripped) <= SHORT_ANSWER_CHARS and "\n" not in stripped:
+        short = _trim(stripped)
+        if short and looks_like_answer(short):
+            return short, "short"
+    if last_number is not True and (truncated or (truncated is None and not finished(text))):
+        return None, None
+    # the last math span, or the last number when it comes after that span
+    text = _EXPLICIT_THOUSANDS.sub("", text)
+    span, span_end = _last_span(text)
+    if last_number is not False:
+        number, number_start = _last_number(text)
+        if number is not None and number_start >= span_end:
+            expression = latex_around(text, number_start)
+            if expression is not None:  # x = \frac{3}{4}: the fraction, never its 4
+                return (expression or None), ("fallback" if expression else None)
+            return number, "fallback"
+    return span, ("fallback" if span is not None else None)
+
+
+def final_text(text: str) -> str | None:
+    """The part of a response that may state its answer: after the last ``</think>``,
+    before an end-of-turn token, NULs read as spaces."""
+    if "\x00" in text:
+        text = text.replace("\x00", " ")
     text = undouble_escapes(text)
     end = _END_OF_TURN.search(text)
     if end is not None:
@@ -110,26 +189,7 @@ def extract_answer(
     end_think = text.rfind("</think>")
     if end_think >= 0:
         text = text[end_think + len("</think>") :]
-    elif "<think>" in text:
-        truncated = True  # still thinking when it stopped
-    stated = stated_answer(text)
-    if stated is not None:
-        return stated
-    stripped = text.strip()
-    if len(stripped) <= SHORT_ANSWER_CHARS and "\n" not in stripped:
-        short = _trim(stripped)
-        if short and looks_like_answer(short):
-            return short
-    if last_number is not True and (truncated or not finished(text)):
-        return None
-    # the last math span, or the last number when it comes after that span
-    text = _EXPLICIT_THOUSANDS.sub("", text)
-    span, span_end = _last_span(text)
-    if last_number is not False:
-        number, number_start = _last_number(text)
-        if number is not None and number_start >= span_end:
-            return number
-    return span
+    return text if text.strip() else None
 
 
 def finished(text: str) -> bool:
@@ -147,14 +207,20 @@ def stated_answer(text: str) -> str | None:
     """The last answer the text states: a box group, an answer sentence, or ``#### X``."""
     best: tuple[int, str] | None = None  # (position, answer) of the last math-like statement
     words: tuple[int, str] | None = None  # the last statement that is only a word
-    boxes = find_boxes(text)
+    boxes = _drop_rejected(text, find_boxes(text))
     after = 0  # only a statement after the last box can replace it
     if boxes:
         best = (boxes[-1][0], box_group_answer(text, boxes))
         after = boxes[-1][0]
     # the last statements first: the first math-like one found is the answer
     statements = list(_STATEMENT.finditer(text, after))[-MAX_STATEMENTS:]
-    for m in reversed(statements):
+    if boxes:
+        statements += list(_RETRACTION.finditer(text, after))[-MAX_STATEMENTS:]
+    if "\n" in text:
+        statements += list(_HEADING.finditer(text, after))[-MAX_STATEMENTS:]
+    statements += list(_FOREIGN_STATEMENT.finditer(text, after))[-MAX_STATEMENTS:]
+    statements.sort(key=lambda m: m.start())
+    for m in reversed(statements[-MAX_STATEMENTS:]):
         phrase = answer_phrase(text[m.end() : m.end() + STATEMENT_WINDOW])
         if phrase is None:
             continue
@@ -194,6 +260,8 @@ def answer_phrase(rest: str) -> str | None:
         return None  # the box itself is a later candidate
     line = s.split("\n", 1)[0]
     clause = _SENTENCE_END.split(line, maxsplit=1)[0].strip().strip("*_").strip()
+    if not line.isascii():  # 12 です, (B) を選ぶ: the answer ends where the prose resumes
+        clause = _NON_LATIN_WORD.split(clause, maxsplit=1)[0].strip()
     if not clause or _DENY_PHRASE.match(clause):
         return None
     head = _HEAD_SPLIT.split(clause, maxsplit=1)[0].strip()
@@ -219,6 +287,8 @@ def _leading_span(s: str) -> str | None:
     for opener, closer in (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$")):
         if s.startswith(opener):
             close = s.find(closer, len(opener))
+            while opener == "$" and close > 0 and s[close - 1] == "\\":
+                close = s.find(closer, close + 1)  # $\$4.25$: an escaped dollar is inside
             if close > len(opener):
                 content = s[len(opener) : close]
                 if opener in ("$", "\\(") and "\n" in content:
@@ -245,6 +315,8 @@ def prose_words(s: str) -> list[str]:
 def looks_like_answer(s: str) -> bool:
     """A short text that is an answer on its own: a formula, a number with a unit, or a
     single word (``Evelyn``); not a sentence such as "No idea"."""
+    if not s.isascii() and _NON_LATIN_WORD.search(s):
+        return False  # "我不知道", "Я не знаю": a sentence, not an answer
     words = prose_words(s)
     if not words:
         return True
@@ -303,7 +375,7 @@ def box_group_answer(text: str, boxes: list[tuple[int, int, str]]) -> str:
         if not _joins(text[previous[1] : group[0][0]]):
             break
         group.insert(0, previous)
-    answer = ", ".join(_unbox(content) for _, _, content in group)
+    answer = ", ".join(_box_content(_unbox(content)) for _, _, content in group)
     after = _AFTER_BOX.match(text, boxes[-1][1])
     if after is not None and len(group) == 1:
         mark = after.group(1)
@@ -315,6 +387,47 @@ def box_group_answer(text: str, boxes: list[tuple[int, int, str]]) -> str:
             # \boxed{5}\text{ cm}: the unit counts
             answer += f" \\text{{ {' '.join(words)}}}" + (unit.group(2) or "")
     return answer
+
+
+_TEXT_LEAD = re.compile(r"\\(?:text|textbf|textrm|textit|mbox)\s*\{([^{}]*)\}\s*")
+_YES_NO = re.compile(r"(yes|no)\b\s*[,.;:!\-–—]", re.IGNORECASE)
+_REJECTION = re.compile(
+    r"[\s$(\[]*(?:\\\(|\\\[)?[\s$(]*(?:not|rather than|instead of|but not|and not)\b[^.\n]{0,20}\Z",
+    re.IGNORECASE,
+)
+
+
+def _box_content(content: str) -> str:
+    """A box holding prose: ``\\text{so the total is } 9`` is 9; ``\\text{Yes, such a set
+    exists}`` is Yes. Anything else is kept as it is."""
+    if "\\text" not in content and "\\mbox" not in content:
+        return content
+    lead = _TEXT_LEAD.match(content)
+    if lead is None:
+        return content
+    rest = content[lead.end() :].strip()
+    words = prose_words(lead.group(1))
+    if rest and len(words) >= 2 and not prose_words(rest):
+        return rest  # \text{so the total is } 9
+    if not rest:
+        yes_no = _YES_NO.match(lead.group(1).strip())
+        if yes_no is not None and len(words) >= 3:
+            return yes_no.group(1)  # \text{Yes, such a set exists}
+    return content
+
+
+def _drop_rejected(text: str, boxes: list) -> list:
+    """Boxes written as rejected right after another box: ``\\boxed{12}`` (not
+    ``\\boxed{15}``, ...)."""
+    if len(boxes) < 2:
+        return boxes
+    kept = [boxes[0]]
+    for box in boxes[1:]:
+        gap = text[kept[-1][1] : box[0]]
+        if len(gap) <= 40 and _REJECTION.match(gap):
+            continue
+        kept.append(box)
+    return kept
 
 
 def _unbox(content: str) -> str:
@@ -401,6 +514,111 @@ def _currency_like(content: str) -> bool:
 
 def last_number_in(text: str) -> str | None:
     return _last_number(_EXPLICIT_THOUSANDS.sub("", text))[0]
+
+
+_MATH_END = re.compile(r"\\end\s*\{|\\\]|\\\)|\$|&|\\\\|\\(?:quad|qquad)(?![a-zA-Z])")
+_MATH_START = re.compile(r"\A(?:\$+|\\\(|\\\[)")
+_UNIT_WORD = re.compile(r"\\(?:mathrm|text|mbox|textrm|rm)\s*\{")
+_MODULUS = re.compile(r"\\(?:pmod|bmod|mod)(?![a-zA-Z])")
+_LATEX_OPERATOR = re.compile(r"[+\-*/]|\\(?:cdot|times|pm|mp|div)")
+_LATEX_MARK = re.compile(r"[\\^_{}]")
+_LINE_BREAK = re.compile(r"\n|(?<=[.!?])\s")
+
+
+def latex_around(text: str, start: int) -> str | None:
+    """When the number at ``start`` is part of a LaTeX expression (``\\frac{3}{4}``,
+    ``\\sqrt{2}``, ``2^{10}``), that whole expression; "" when it cannot be read out;
+    None when the number stands on its own."""
+    line_start = max(text.rfind("\n", 0, start), 0)
+    line_end = text.find("\n", start)
+    line_end = len(text) if line_end < 0 else line_end
+    line = text[line_start:line_end]
+    at = start - line_start
+    # words of the line, a brace group never split: "\frac{3}{4}." is one word
+    words: list[tuple[int, int]] = []
+    depth, begin = 0, None
+    for i, c in enumerate(line):
+        if c == "{" and line[i - 1 : i] != "\\":
+            depth += 1
+        elif c == "}" and line[i - 1 : i] != "\\":
+            depth = max(0, depth - 1)
+        if c.isspace() and depth == 0:
+            if begin is not None:
+                words.append((begin, i))
+                begin = None
+        elif begin is None:
+            begin = i
+    if begin is not None:
+        words.append((begin, len(line)))
+    index = next((k for k, (a, b) in enumerate(words) if a <= at < b), None)
+    if index is None:
+        return None
+    word = line[words[index][0] : words[index][1]]
+    if not _LATEX_MARK.search(word):
+        return None
+    first = last = index
+    # a unit with a power after its number: 0.53 \mathrm{yr}^{-1}
+    if (
+        first >= 1
+        and _UNIT_WORD.match(line[slice(*words[first])])
+        and _is_operand(line[slice(*words[first - 1])])
+    ):
+        first -= 1
+    # joined by operators: 3 + \sqrt{2}, 2 \cdot 3^{4}
+    while (
+        first >= 2
+        and _LATEX_OPERATOR.fullmatch(line[slice(*words[first - 1])])
+        and (_is_operand(line[slice(*words[first - 2])]))
+    ):
+        first -= 2
+    while (
+        last + 2 < len(words)
+        and _LATEX_OPERATOR.fullmatch(line[slice(*words[last + 1])])
+        and (_is_operand(line[slice(*words[last + 2])].rstrip(".,;:!?")))
+    ):
+        last += 2
+    expression = line[words[first][0] : words[last][1]]
+    # outside braces: the right side of the last "=" or "&", up to where the math ends
+    # ("&={5}.\end{align*}" is {5}, "\frac12$." is \frac12, "3 \\" is 3)
+    expression = _MATH_START.sub("", expression)
+    masked = _outside_braces(expression)
+    sides = list(_RIGHT_SIDE.finditer(masked))
+    begin = sides[-1].end() if sides else 0
+    end = _MATH_END.search(masked, begin)
+    expression = expression[begin : end.start() if end else len(expression)].rstrip(".,;:!? ")
+    if _MODULUS.search(expression):
+        return ""  # 3 \pmod{11}: neither 11 nor the residue alone
+    expression = _trim(expression.strip("$").strip())
+    if expression.count("{") != expression.count("}") or not expression:
+        return ""
+    return expression
+
+
+_RIGHT_SIDE = re.compile(r"=|&|\\(?:Rightarrow|implies|to|approx)(?![a-zA-Z])")
+
+
+def _outside_braces(s: str) -> str:
+    """``s`` with everything inside braces blanked out (same length)."""
+    out, depth = [], 0
+    for i, c in enumerate(s):
+        if c == "{" and s[i - 1 : i] != "\\":
+            depth += 1
+            out.append(c if depth == 1 else " ")
+        elif c == "}" and s[i - 1 : i] != "\\" and depth:
+            depth -= 1
+            out.append(c if depth == 0 else " ")
+        else:
+            out.append(" " if depth else c)
+    return "".join(out)
+
+
+def _is_operand(word: str) -> bool:
+    return (
+        bool(word)
+        and not prose_words(word)
+        and "=" not in word
+        and bool(re.search(r"[\d\\]", word))
+    )
 
 
 def _last_number(text: str) -> tuple[str | None, int]:

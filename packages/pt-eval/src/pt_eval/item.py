@@ -8,10 +8,17 @@ in a worker process, which :mod:`pt_eval.worker` runs under a hard time limit.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 
-from pt_eval.extract import extract_answer
-from pt_eval.normalize import MAX_ANSWER_CHARS, choice_letter, squash
+from pt_eval.extract import extract_with_source, final_text, prose_words
+from pt_eval.normalize import (
+    MAX_ANSWER_CHARS,
+    choice_letter,
+    clean,
+    squash,
+    strip_text_wrappers,
+)
 from pt_eval.numbers import number_key, numbers_equal, parse_number
 from pt_eval.policy import DEFAULT_POLICY, Policy
 
@@ -34,11 +41,15 @@ def prepare(
     if prediction is not None and len(prediction) > MAX_PREDICTION_CHARS:
         message = f"prediction longer than {MAX_PREDICTION_CHARS} characters"
         return result(None, False, "error", message=message), None
-    extracted = (
-        extract_answer(prediction, last_number=policy.last_number, truncated=truncated)
+    extracted, source = (
+        extract_with_source(prediction, last_number=policy.last_number, truncated=truncated)
         if prediction
-        else None
+        else (None, None)
     )
+    if gold is not None and prediction and source != "short":
+        named = _named_in_prose(prediction, extracted, source, gold, truncated)
+        if named is not None:
+            return result(named, True, "ok", key=CORRECT_KEY), named
     if extracted is None:
         return result(None, False, "no_answer"), None
     if gold is None:
@@ -61,6 +72,46 @@ def prepare(
             key = "value:text:" + pred_letter
             return result(extracted, pred_letter == gold_letter, "ok", key=key), extracted
     return None, extracted
+
+
+_GOLD_NAME = re.compile(r"[A-Za-z]{3,}")
+_SENTENCES = re.compile(r"(?<=[.!?])\s+|\n+")
+_DENIAL = re.compile(
+    r"\b(?:not|no|never|neither|nor|than|but|rather|instead|except|unless)\b|n't\b",
+    re.IGNORECASE,
+)
+_NAME_WORDS = re.compile(r"[^\W\d_]+")
+NAME_SENTENCE_WORDS = 30  # a longer closing sentence is not read for a name
+
+
+def _named_in_prose(prediction: str, extracted, source, gold: str, truncated) -> str | None:
+    """A gold that is one word (``\\text{Evelyn}``, ``\\text{east}``) answered only in
+    prose: the response's closing sentence (or a boxed sentence) names it and denies
+    nothing. Returns the name as written, or None."""
+    if len(gold) > 60 or ("\\" in gold and "\\text" not in gold):
+        return None
+    name = strip_text_wrappers(clean(gold)).strip()
+    if _GOLD_NAME.fullmatch(name) is None or name.lower() in ("yes", "no"):
+        return None
+    if source == "stated":
+        sentence = strip_text_wrappers(extracted or "")
+        if len(prose_words(sentence)) < 2:
+            return None  # a stated word or formula is compared as it is
+    else:
+        if truncated:
+            return None
+        text = final_text(prediction) or ""
+        sentences = [t for t in _SENTENCES.split(text.strip()) if t.strip()]
+        if not sentences:
+            return None
+        sentence = sentences[-1]
+    words = _NAME_WORDS.findall(sentence)
+    if len(words) > NAME_SENTENCE_WORDS or _DENIAL.search(sentence):
+        return None
+    for word in words:
+        if word.lower() == name.lower():
+            return word
+    return None
 
 
 def grade_extracted(extracted: str, gold: str, policy: Policy = DEFAULT_POLICY) -> dict:

@@ -42,6 +42,7 @@ _STYLE = re.compile(
     r"\\(?:mathbf|boldsymbol|bm|mathit|mathsf|mathtt|mathnormal|mathcal|mathscr|mathfrak)"
     r"(?![a-zA-Z])"
 )
+_STYLED_LETTER = re.compile(r"\\(?:mathbf|boldsymbol|bm|mathit)\s*\{\s*([A-Za-z])\s*\}")
 _NUMBER_SETS = re.compile(r"\\mathbb\s*\{?\s*([RZNQC])\s*\}?")
 _UNICODE = {
     "\u2212": "-",
@@ -62,16 +63,113 @@ _UNICODE = {
     "\u2208": r"\in ",
     "\u00b1": r"\pm ",
     "\u2205": r"\emptyset ",
-    "\u00b2": "^2",
-    "\u00b3": "^3",
     "\u2009": " ",  # thin space
     "\u202f": " ",  # narrow no-break space
     "\u00a0": " ",
     "\u20ac": r" \EUR ",
     "\u00a3": r" \GBP ",
     "\u00a5": r" \JPY ",
+    "\u20b9": r" \INR ",
+    "\u20a9": r" \KRW ",
+    "\u20bd": r" \RUB ",
+    "\u5143": r" \CNY ",  # 元, written after the amount
+    "\u00a2": r" \CENT ",
+    "\u2044": "/",  # fraction slash
 }
-CURRENCIES = {"USD": "dollar", "EUR": "euro", "GBP": "pound sterling", "JPY": "yen"}
+CURRENCIES = {"USD": "dollar", "EUR": "euro", "GBP": "pound sterling", "JPY": "yen",
+              "INR": "rupee", "KRW": "won", "RUB": "ruble", "CNY": "yuan", "CENT": "cent"}  # fmt: skip
+# currency codes and TeX currency commands, read as the signs
+_CURRENCY_WORDS = re.compile(
+    r"\\(?:textdollar|dollar)(?![a-zA-Z])|(?<![A-Za-z])US\s*\\?\$"
+    r"|(?<![A-Za-z\\])(USD|EUR|GBP|JPY|CNY|RMB|INR|KRW|RUB)(?![A-Za-z])"
+    r"|\\(euro|texteuro|pounds|textsterling|yen|textyen|textcent)(?![a-zA-Z])"
+)
+_CURRENCY_COMMANDS = {"euro": "EUR", "texteuro": "EUR", "pounds": "GBP", "textsterling": "GBP",
+                      "yen": "JPY", "textyen": "JPY", "textcent": "CENT", "RMB": "CNY"}  # fmt: skip
+
+
+def _currency_word(m: re.Match) -> str:
+    code = m.group(1) or m.group(2)
+    if code is None:
+        return " \\$"
+    return f" \\{_CURRENCY_COMMANDS.get(code, code)} "
+
+
+# Unicode vulgar fractions, superscripts and subscripts
+_VULGAR = {
+    "\u00bd": (1, 2), "\u2153": (1, 3), "\u2154": (2, 3), "\u00bc": (1, 4), "\u00be": (3, 4),
+    "\u2155": (1, 5), "\u2156": (2, 5), "\u2157": (3, 5), "\u2158": (4, 5), "\u2159": (1, 6),
+    "\u215a": (5, 6), "\u2150": (1, 7), "\u215b": (1, 8), "\u215c": (3, 8), "\u215d": (5, 8),
+    "\u215e": (7, 8), "\u2151": (1, 9), "\u2152": (1, 10),
+}  # fmt: skip
+_SUPERSCRIPTS = "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079"
+_SUBSCRIPTS = "\u2080\u2081\u2082\u2083\u2084\u2085\u2086\u2087\u2088\u2089"
+_SUP_MAP = {c: str(d) for d, c in enumerate(_SUPERSCRIPTS)} | {"\u207b": "-", "\u207a": "+"}
+_SUB_MAP = {c: str(d) for d, c in enumerate(_SUBSCRIPTS)} | {"\u208b": "-", "\u208a": "+"}
+_SUP_RUN = re.compile(f"[{_SUPERSCRIPTS}\u207b\u207a]+")
+_SUB_RUN = re.compile(f"[{_SUBSCRIPTS}\u208b\u208a]+")
+_SUP_OVER_SUB = re.compile(f"([{_SUPERSCRIPTS}]+)\\s*[/\u2044]\\s*([{_SUBSCRIPTS}]+)")
+
+
+def _unicode_math(s: str) -> str:
+    """Vulgar fractions (½), superscripts (10³³, x⁻²) and subscripts as TeX."""
+    for ch, (a, b) in _VULGAR.items():
+        if ch in s:
+            s = s.replace(ch, f"\\frac{{{a}}}{{{b}}}")
+    s = _SUP_OVER_SUB.sub(
+        lambda m: "\\frac{" + "".join(_SUP_MAP[c] for c in m.group(1)) + "}{"
+        + "".join(_SUB_MAP[c] for c in m.group(2)) + "}",
+        s,
+    )  # fmt: skip
+    s = _SUP_RUN.sub(lambda m: "^{" + "".join(_SUP_MAP[c] for c in m.group(0)) + "}", s)
+    return _SUB_RUN.sub(lambda m: "_{" + "".join(_SUB_MAP[c] for c in m.group(0)) + "}", s)
+
+
+# 75 million, 2 billion, 32.348 \text{ thousand}: a number word multiplies the number
+_SCALE_WORDS = {"thousand": 3, "million": 6, "billion": 9, "trillion": 12}
+_SCALED = re.compile(
+    r"(?<![\d.])(\d+(?:\.\d+)?)(\s*\\(?:text|textrm|mathrm|mbox)\s*\{\s*|\s*)"
+    r"(thousand|million|billion|trillion)s?(?![A-Za-z])",
+    re.IGNORECASE,
+)
+_EMPTY_TEXT = re.compile(r"\\(?:text|textrm|mathrm|mbox)\s*\{\s*\}")
+
+
+def _scaled(m: re.Match) -> str:
+    whole, _, frac = m.group(1).partition(".")
+    power = _SCALE_WORDS[m.group(3).lower()]
+    if len(frac) > power or len(m.group(1)) > 100:
+        value = m.group(1) + f"e{power}"
+    else:
+        value = str(int(whole + frac.ljust(power, "0")))
+    brace = "{" in m.group(2)
+    return value + (" \\text{" if brace else "")
+
+
+# a unit written in pieces after the number: \mathrm{~g} / \mathrm{cm}^{3}, \text{ erg} \cdot
+# \mathrm{s}^{-1}: joined into one \text{} so it reads as one unit
+_UNIT_PIECE = r"\\(?:text|textrm|mathrm|mbox)\s*\{[^{}\\]*\}(?:\s*\^\s*(?:\{\s*-?\d+\s*\}|-?\d))?"
+_UNIT_JOIN = r"\s*(?:/|\\cdot|\s)\s*"
+_UNIT_RUN = re.compile(rf"(?<=[\d}}\s])\s*({_UNIT_PIECE}(?:{_UNIT_JOIN}{_UNIT_PIECE})+)\s*\Z")
+_UNIT_PIECE_PARTS = re.compile(
+    r"(/)|\\(?:text|textrm|mathrm|mbox)\s*\{([^{}\\]*)\}(?:\s*\^\s*\{?\s*(-?\d+)\s*\}?)?"
+)
+
+
+def _join_unit_pieces(m: re.Match) -> str:
+    out = []
+    for piece in _UNIT_PIECE_PARTS.finditer(m.group(1)):
+        if piece.group(1):
+            out.append("/")
+            continue
+        word = piece.group(2).replace("~", " ").strip()
+        if not word:
+            continue
+        if out and out[-1] != "/":
+            out.append(" ")
+        out.append(word + (f"^{piece.group(3)}" if piece.group(3) else ""))
+    return " \\text{ " + "".join(out) + "}"
+
 
 # 10{,}000 and 10,\!000: explicit thousands separators, joined wherever they are
 _EXPLICIT_THOUSANDS = re.compile(r"(?<=\d)\s*(?:\{\s*,\s*\}|,\\!\s*|,\\,\s*)(?=\d{3}(?!\d))")
@@ -162,6 +260,10 @@ _WHITESPACE = re.compile(r"\s+")
 def clean(text: str) -> str:
     """Spacing, delimiters and spellings that never change the value, removed or unified."""
     s = undouble_escapes(text.strip())
+    if "\x00" in s:
+        s = s.replace("\x00", " ").strip()  # a NUL is read as a space
+    if not s.isascii():
+        s = _unicode_math(s)
     for ch, repl in _UNICODE.items():
         if ch in s:
             s = s.replace(ch, repl)
@@ -171,7 +273,11 @@ def clean(text: str) -> str:
         s = _SPACED_THOUSANDS.sub(lambda m: m.group(1) + _SPACED_GROUP_SEP.sub("", m.group(2)), s)
     s = s.replace("{,}", ",")
     s = s.replace("\\\\", " \\newrow ")  # a matrix row break, kept apart from "\ " spacing
+    if not s.isdigit():
+        s = _CURRENCY_WORDS.sub(_currency_word, s)
     s = s.replace("\\$", " \\USD ").replace("$", "")
+    if "\\over" in s:
+        s = over_to_frac(s)
     s = s.replace("\\(", "").replace("\\)", "").replace("\\[", "").replace("\\]", "")
     if "\\" in s:
         for pattern, repl in _REWRITES:
@@ -179,16 +285,57 @@ def clean(text: str) -> str:
         s = _GLUED_QUAD.sub(" ", s)
         s = _SPACING.sub(" ", s)
         s = _NUMBER_SETS.sub(lambda m: f"\\set{m.group(1)} ", s)
+        s = _STYLED_LETTER.sub(r" \1 ", s)  # \mathbf{i}: the letter
         s = _STYLE.sub("", s)
         for pattern, repl in _COMMAND_REWRITES:
             s = pattern.sub(repl, s)
     s = s.replace("<=", r"\le ").replace(">=", r"\ge ").replace("!=", r"\ne ")
+    if "illion" in s or "housand" in s:
+        s = _EMPTY_TEXT.sub("", _SCALED.sub(_scaled, s))
+    if "}" in s and ("/" in s or "\\cdot" in s or s.count("{") > 1):
+        s = _UNIT_RUN.sub(_join_unit_pieces, s)
     s = s.replace("~", " ").replace("\\%", "%")
     if "." in s:
         s = _REPEATING.sub(_repeating, s)
     s = _join_thousands(s)
     s = _WHITESPACE.sub(" ", s).strip()
     s = s.rstrip(".").strip()
+    return s
+
+
+_OVER = re.compile(r"\\over(?![a-zA-Z])")
+
+
+def over_to_frac(s: str) -> str:
+    """TeX's ``{a \\over b}`` as ``\\frac{a}{b}`` (the braces around it, or the whole text)."""
+    for _ in range(20):
+        m = _OVER.search(s)
+        if m is None:
+            return s
+        depth, left = 0, -1
+        for i in range(m.start() - 1, -1, -1):
+            c = s[i]
+            if c == "}" and s[i - 1 : i] != "\\":
+                depth += 1
+            elif c == "{" and s[i - 1 : i] != "\\":
+                if depth == 0:
+                    left = i
+                    break
+                depth -= 1
+        depth, right = 0, len(s)
+        for i in range(m.end(), len(s)):
+            c = s[i]
+            if c == "{" and s[i - 1] != "\\":
+                depth += 1
+            elif c == "}" and s[i - 1] != "\\":
+                if depth == 0:
+                    right = i
+                    break
+                depth -= 1
+        if (left < 0) != (right == len(s)):
+            return s  # unbalanced: leave it to the parser to refuse
+        num, den = s[left + 1 : m.start()].strip(), s[m.end() : right].strip()
+        s = s[: max(left, 0)] + f"\\frac{{{num}}}{{{den}}}" + s[right + 1 :]
     return s
 
 

@@ -26,6 +26,7 @@ of every exact power or factorial are limited, and going past a limit raises
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ MAX_DEPTH = 60  # brackets, braces and operators nested deeper than this are ref
 MAX_LITERAL_DIGITS = 4_000  # Python refuses to read longer integers anyway
 MAX_RESULT_DIGITS = 20_000  # largest exact integer a power or factorial may build
 MAX_LIST_ITEMS = 200
+MAX_PM_SIGNS = 4  # independent plus-minus signs in one item (16 values)
 MAX_SUM_TERMS = 1_000  # a sum with numeric limits is added up when it has at most this many
 
 
@@ -167,7 +169,8 @@ def tokenize(s: str) -> list[_Token]:
             continue
         if c.isdigit() or (c == "." and i + 1 < n and s[i + 1].isdigit()):
             m = _NUMBER.match(s, i)
-            assert m is not None
+            if m is None:  # a digit Python knows but a number does not use: ①, ¹
+                raise ParseError(f"unexpected character {c!r}")
             tokens.append(_Token("num", m.group(0), space))
             i = m.end()
         elif c.isalpha():
@@ -325,12 +328,16 @@ def _arith(op: str, left, right):
 
 
 class _Parser:
-    def __init__(self, tokens: list[_Token]):
+    def __init__(self, tokens: list[_Token], plain_letters: frozenset = frozenset()):
         self.toks = tokens
         self.pos = 0
         self.depth = 0
         self.pm_sign = 1  # \pm read as + on a first pass, - on a second
         self.pm_seen = False
+        self.pm_count = 0  # \pm signs met in this reading
+        self.mp_seen = False
+        self.pm_signs: tuple | None = None  # a sign per \pm, when they are independent
+        self.plain_letters = plain_letters  # capitals the gold uses as symbols: never called
         self.pm_level = 0  # items inside an item being read for \pm are not split again
         self._int_frac = False  # the last \frac read had integer parts (for mixed numbers)
         self.currency: str | None = None  # \$18: the whole answer is in dollars
@@ -425,23 +432,50 @@ class _Parser:
         return items, seps
 
     def parse_item_with_pm(self) -> list:
+        """An item with \\pm read once per sign: two values for one sign (a \\mp goes
+        with it), four for two independent signs (\\pm 1 \\pm \\sqrt2), and so on."""
         if self.pm_level:  # inside (\pm 1, 2): the enclosing item is read twice instead
             return [self.parse_item()]
         start = self.pos
-        self.pm_seen, self.pm_sign = False, 1
+        self.pm_seen, self.pm_sign, self.pm_count, self.mp_seen = False, 1, 0, False
+        self.pm_signs = None
         self.pm_level += 1
         try:
             first = self.parse_item()
             if not self.pm_seen:
                 return [first]
             end = self.pos
+            if self.pm_count > 1 and not self.mp_seen and self.pm_count <= MAX_PM_SIGNS:
+                values = [first]
+                for combo in itertools.product((1, -1), repeat=self.pm_count):
+                    if all(sign == 1 for sign in combo):
+                        continue
+                    self.pos, self.pm_signs, self.pm_count = start, combo, 0
+                    values.append(self.parse_item())
+                    if self.pos != end:
+                        raise ParseError("a plus-minus read two ways")
+                return values
             self.pos, self.pm_sign = start, -1
             second = self.parse_item()
-            assert self.pos == end
+            if self.pos != end:
+                raise ParseError("a plus-minus read two ways")
         finally:
             self.pm_level -= 1
             self.pm_sign = 1
+            self.pm_signs = None
         return [first, second]
+
+    def _pm(self, name: str) -> int:
+        """The sign a \\pm or \\mp stands for in this reading of the item."""
+        self.pm_seen = True
+        if name == "mp":
+            self.mp_seen = True
+            return -self.pm_sign
+        index = self.pm_count
+        self.pm_count += 1
+        if self.pm_signs is not None:
+            return self.pm_signs[index]
+        return self.pm_sign
 
     def parse_item(self):
         """A relation chain, a ratio, a set expression, or a plain expression."""
@@ -511,6 +545,11 @@ class _Parser:
         self.leave()
         if len(items) < 2 or (opener == "{") != (closer == "}"):
             return None
+        if opener == "(" and self.at("op", "^") and all(isinstance(i, Scalar) for i in items):
+            self.next()
+            if not self._at_transpose():
+                raise ParseError("a power of a bracketed list")
+            return Matrix(tuple((item,) for item in items))  # (1, 2, 3)^T: a column
         # (1, 2) followed by an operator is not a finished sequence; let the scalar parser fail
         if not (self.at("eof") or self.at_separator() or
                 (self.tok.kind == "cmd" and self.tok.value in ("cup", "cap", "setminus")) or
@@ -529,12 +568,14 @@ class _Parser:
             self.leave()
             return builder
         # \{1 \pm \sqrt5, -2\}: a \pm gives two elements of the set, not two sets
-        saved = (self.pm_level, self.pm_seen, self.pm_sign)
+        saved = (self.pm_level, self.pm_seen, self.pm_sign, self.pm_count, self.mp_seen,
+                 self.pm_signs)  # fmt: skip
         self.pm_level, self.pm_sign = 0, 1
         try:
             items, _ = self.parse_list()
         finally:
-            self.pm_level, self.pm_seen, self.pm_sign = saved
+            (self.pm_level, self.pm_seen, self.pm_sign, self.pm_count, self.mp_seen,
+             self.pm_signs) = saved  # fmt: skip
         self.expect("cmd", "}")
         self.leave()
         return SetOf(tuple(items))
@@ -669,8 +710,7 @@ class _Parser:
                 left = _arith(t.value, _plain(left), _plain(right))
             elif t.kind == "cmd" and t.value in ("pm", "mp"):
                 self.next()
-                self.pm_seen = True
-                sign = self.pm_sign if t.value == "pm" else -self.pm_sign
+                sign = self._pm(t.value)
                 left = _arith("+", _plain(left), sign * _plain(self.parse_term()))
             else:
                 break
@@ -764,8 +804,7 @@ class _Parser:
             self.next()
             return self.parse_unary()
         if self.at("cmd", "pm") or self.at("cmd", "mp"):  # \pm 2: two answers, 2 and -2
-            sign = self.pm_sign if self.next().value == "pm" else -self.pm_sign
-            self.pm_seen = True
+            sign = self._pm(self.next().value)
             return _arith("*", sign, _plain(self.parse_unary()))
         return self.parse_power()
 
@@ -958,6 +997,7 @@ class _Parser:
         capital letters, written with no space before the bracket)."""
         if not (
             letter in _FUNCTION_LETTERS
+            and letter not in self.plain_letters
             and isinstance(named, sympy.Symbol)
             and self.at("op", "(")
             and not self.tok.space_before
@@ -1341,8 +1381,11 @@ _CHOICE_WITH_VALUE = re.compile(
 )
 
 
-def parse_answer(text: str):
-    """Parse one answer (already extracted from a response) into a comparable value."""
+def parse_answer(text: str, plain_letters: frozenset = frozenset()):
+    """Parse one answer (already extracted from a response) into a comparable value.
+
+    ``plain_letters``: capital letters read as symbols before a bracket (``B(2+i)`` is B
+    times 2+i), because the gold answer uses them as symbols."""
     if len(text) > MAX_ANSWER_CHARS:
         raise TooLarge(f"answer longer than {MAX_ANSWER_CHARS} characters")
     s = clean(text)
@@ -1354,18 +1397,18 @@ def parse_answer(text: str):
     with_value = _CHOICE_WITH_VALUE.fullmatch(s)
     if with_value:
         letter = with_value.group(1) or with_value.group(2)
-        return Choice(letter, _parse_clean(with_value.group(3)))
+        return Choice(letter, _parse_clean(with_value.group(3), plain_letters))
     if is_text_answer(s):
         return Text(normalize_text(s))
     groups = _top_level_split(s, ";")
     if len(groups) > 1 and any(_top_level_split(g, ",")[1:] for g in groups):
         # p=5,q=2; p=7,q=2: solutions apart by semicolons, coordinates by commas
-        return Seq(tuple(_parse_clean(g) for g in groups))
-    return _parse_clean(s)
+        return Seq(tuple(_parse_clean(g, plain_letters) for g in groups))
+    return _parse_clean(s, plain_letters)
 
 
-def _parse_clean(s: str):
-    parser = _Parser(tokenize(s))
+def _parse_clean(s: str, plain_letters: frozenset = frozenset()):
+    parser = _Parser(tokenize(s), plain_letters)
     try:
         value = parser.parse_answer()
     except _EmptySet:
@@ -1401,3 +1444,21 @@ def is_text_answer(text: str) -> bool:
         len(words) >= 3 and words.isalpha() and words.lower() not in _FUNCTIONS
         and words.lower() not in _CONSTANT_WORDS
     )  # fmt: skip
+
+
+def symbol_letters(value) -> frozenset:
+    """The capital letters a parsed answer uses as plain symbols (not as function names)."""
+    found: set[str] = set()
+    stack, seen = [value], 0
+    while stack and seen < 10_000:
+        v = stack.pop()
+        seen += 1
+        if isinstance(v, Scalar):
+            found.update(
+                s.name for s in v.expr.free_symbols if len(s.name) == 1 and s.name.isupper()
+            )
+        elif isinstance(v, tuple):
+            stack.extend(v)
+        elif hasattr(v, "__dataclass_fields__"):
+            stack.extend(getattr(v, f) for f in v.__dataclass_fields__)
+    return frozenset(found)
