@@ -90,8 +90,14 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
 JobCompLoc={root}/jobcomp.log
+# A job of the partition "high" preempts the jobs of "debug" it needs the nodes of, and
+# SLURM requeues them (what a site's preemptible partition does); SIGTERM first, then
+# GraceTime seconds to save.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 {nodes}
-PartitionName=debug Nodes={node_names} Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes={node_names} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=20
+PartitionName=high Nodes={node_names} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 """
 
 
@@ -158,7 +164,9 @@ class LocalSlurm:
         self.procs.append(subprocess.Popen(argv, stdout=log, stderr=log))
 
     def _nodes_idle(self) -> bool:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True)
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-p", "debug", "-o", "%T"], capture_output=True, text=True
+        )
         return out.returncode == 0 and out.stdout.split() == ["idle"] * len(self.nodes)
 
     def _wait_for(self, ready, what: str, timeout: float = 60) -> None:

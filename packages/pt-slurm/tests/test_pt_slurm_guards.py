@@ -35,6 +35,8 @@ BATCH = {
     # exits 0 without its manifest once (what a step on a failed node can look like)
     "nomanifest": ({"steps": 2, "exit_zero_first": 1}, {}),
     "finished": ({"steps": 2}, {}),
+    # an eval stage (no progress file of its own) that exits 85 at once, every time
+    "eval85": ({"requeue_first": 99}, {"max_failures": 2, "progress": None}, "eval"),
 }
 
 
@@ -43,9 +45,9 @@ def batch(slurm_cluster, tmp_path_factory, standin):
     root = tmp_path_factory.mktemp("guards")
     env = {k: v for k, v in os.environ.items() if k != UNSET}
     jobs = {}
-    for name, (options, slurm) in BATCH.items():
+    for name, (options, slurm, *stage) in BATCH.items():
         config = standin.config(root, name, options, **slurm)
-        jobs[name] = standin.submit(config, env=env)
+        jobs[name] = standin.submit(config, *(["--stage", *stage] if stage else []), env=env)
     for manifest in jobs.values():
         slurm_cluster.wait_final(manifest["job_id"], manifest["path"])
     return {name: (m["job_id"], Path(m["path"])) for name, m in jobs.items()}
@@ -64,6 +66,16 @@ def test_a_stage_that_always_asks_for_a_requeue_without_progress_stops(batch, sl
     )
     job = slurm_cluster.job(job_id)
     assert job["JobState"] == "FAILED" and job["Restarts"] == "1"
+
+
+def test_a_requeue_asked_by_a_stage_without_a_progress_file_is_a_failure(batch):
+    """Not only train stages: an eval stage that always exits 85 saves nothing anyone can
+    see, so each run is a failure and it stops after max_failures=2, not 50 requeues."""
+    _job_id, run_dir = batch["eval85"]
+    st = read_state(run_dir)
+    assert (st["stage"], st["status"], st["failures"], st["requeues"]) == ("eval", "failed", 2, 0)
+    assert [r["exit_code"] for r in st["runs"]] == [85, 85]
+    assert "without a progress file" in st["reason"]
 
 
 def test_requeues_are_bounded_even_when_each_makes_progress(batch, slurm_cluster):

@@ -45,6 +45,7 @@ def test_two_node_job_rendezvous_and_self_healing(
             "nodes": 2,
             "launcher": launcher,
             "command": f"{sys.executable} {STANDIN} {{config}}",
+            "progress": "checkpoint.json",
             "env": {"OMP_NUM_THREADS": 1, "DS_ACCELERATOR": "cpu"},
         },
     }

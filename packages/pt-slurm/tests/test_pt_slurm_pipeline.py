@@ -149,37 +149,3 @@ def test_status_shows_the_chain(pipeline, cli):
     for name in ("data", "train", "eval"):
         assert f"{name}: job {pipeline['jobs'][name]}: completed (SLURM: COMPLETED)" in text
     assert "train: job" in text and "1 requeue(s) of at most 50" in text
-
-
-def test_when_a_later_stage_cannot_be_submitted_none_of_the_pipeline_runs(
-    slurm_cluster, tmp_path, cli, standin
-):
-    """sbatch refuses the second stage (no such partition): the first, already submitted,
-    is cancelled, and status says what became of each stage."""
-    command = f"{sys.executable} {standin.path} {{config}}"
-    spec = {
-        "name": "broken",
-        "output_dir": str(tmp_path / "runs"),
-        "slurm": {"command": command, "extra_sbatch": ["--begin=now+600"]},
-        "stages": [
-            {"name": "first", "stage": "data"},
-            {"name": "second", "stage": "data", "slurm": {"partition": "nosuch"}},
-            {"name": "third", "stage": "data"},
-        ],
-    }
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    proc = cli("pt-slurm", "submit", path, check=False)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "sbatch of stage 'second' failed" in proc.stderr
-    assert "the stage(s) submitted before it (first) were cancelled" in " ".join(
-        proc.stderr.split()
-    )
-
-    info = json.loads(cli("pt-slurm", "status", tmp_path / "runs" / "broken").stdout)
-    got = {s["name"]: (s["status"], s["slurm_state"]) for s in info["stages"]}
-    assert got == {
-        "first": ("cancelled", "CANCELLED"),
-        "second": ("failed", None),
-        "third": ("not submitted", None),
-    }

@@ -161,7 +161,8 @@ def test_every_launcher_renders_a_shellcheck_clean_script(tmp_path, pt_slurm, la
     if container:
         # the run dir and the working dir are bound at their own paths without being asked
         binds = f"{tmp_path / 'runs' / 'big'},{Path.cwd()},/data:/data,/scratch"
-        assert f"apptainer exec --nv --bind {binds} /images/pt.sif" in script
+        # env_file reaches the container as --env-file, which --cleanenv keeps
+        assert f"apptainer exec --nv --bind {binds} --env-file /etc/pt.env /images/pt.sif" in script
         # the job's own bookkeeping needs no Python on the node, only bash and flock
         assert sys.executable not in script and "python -m" not in script
     shellcheck(script, tmp_path)
@@ -215,6 +216,8 @@ def test_an_unknown_slurm_key_names_file_line_and_the_fix(tmp_path, pt_slurm):
         ({"extra_sbatch": ["--output=/tmp/x.out"]}, "pt-slurm sets --output itself"),
         ({"extra_sbatch": ["-N 4"]}, "pt-slurm sets -N itself (slurm.nodes)"),
         ({"constraint": "a100 && ib"}, "not a SLURM feature expression"),
+        ({"node_cache": "scratch/pt"}, "give an absolute path"),
+        ({"node_cache": "/scratch/$(whoami)"}, "give an absolute path"),
     ],
 )
 def test_invalid_slurm_values_are_config_errors(tmp_path, pt_slurm, slurm, message):
@@ -259,7 +262,7 @@ def test_pyxis_runs_the_step_in_an_enroot_container_with_the_run_dir_mounted(tmp
     run_dir, cwd = tmp_path / "runs" / "big", Path.cwd()
     assert srun.split()[-5:] == ["--container-remap-root", "bash", "-c", "node_main", "&"]
     for word in (
-        "'--container-image=nvcr.io#nvidia/pytorch:24.05-py3'",
+        '--container-image="$PT_IMAGE"',
         f"--container-mounts={run_dir}:{run_dir},{cwd}:{cwd},/data:/data,/scratch:/scratch:ro",
         f"--container-workdir={cwd}",
         "--container-remap-root",
@@ -269,7 +272,18 @@ def test_pyxis_runs_the_step_in_an_enroot_container_with_the_run_dir_mounted(tmp
     node = re.search(r"exec (.*)", script.split("node_main() {")[1]).group(1)
     assert node.startswith("torchrun ") and node.endswith('pt-train run "$PT_CONFIG"')
     assert sys.executable not in script
+    # the registry image is imported once per job (a requeue reuses the squashfs file)
+    assert 'PT_IMAGE="$PT_SLURM_DIR/image-$SLURM_JOB_ID.sqsh"' in script
+    assert (
+        "enroot import -o \"$PT_IMAGE.part\" 'docker://nvcr.io#nvidia/pytorch:24.05-py3'" in script
+    )
+    assert script.index("enroot import") < script.index("srun ")
     shellcheck(script, tmp_path)
+
+    # a squashfs file is used as it is, with nothing to import
+    slurm["container"]["image"] = "/images/pt.sqsh"
+    script = dry_run(pt_slurm, write(tmp_path, slurm))
+    assert "--container-image=/images/pt.sqsh" in script and "enroot import" not in script
 
 
 def test_apptainer_on_amd_gpus_passes_rocm(tmp_path, pt_slurm):
@@ -339,3 +353,106 @@ def test_repeated_stage_flags_chain_stages_of_one_config(tmp_path, pt_slurm):
 
     train_stage, eval_stage = plan(config, [], ["train", "eval"])[0]
     assert "eval" not in train_stage.data and eval_stage.data["eval"]["n"] == 2
+
+
+# ------------------------------------------------------------------ real sites
+# What a real site needs and the local cluster cannot show (no InfiniBand, no module
+# system, no container runtime, no network to be without): how the script handles it.
+
+
+def test_no_rank_downloads_a_model_unless_the_stage_says_so(tmp_path, pt_slurm):
+    script = dry_run(pt_slurm, write(tmp_path, TWO_NODES))
+    assert "export HF_HUB_OFFLINE=1" in script
+    online = dry_run(pt_slurm, write(tmp_path, {**TWO_NODES, "hf_offline": False}))
+    assert "HF_HUB_OFFLINE" not in online
+
+
+def test_compiled_artefacts_go_to_node_local_scratch_when_asked(tmp_path, pt_slurm):
+    """A killed run's build lock left in a shared TORCH_EXTENSIONS_DIR hangs every retry:
+    node_cache puts the compiled artefacts on each node's own scratch."""
+    slurm = {**TWO_NODES, "node_cache": "${TMPDIR:-/tmp}/pt-$USER"}
+    script = dry_run(pt_slurm, write(tmp_path, slurm))
+    assert 'PT_NODE_CACHE="${TMPDIR:-/tmp}/pt-$USER"' in script
+    for name, sub in (
+        ("TORCH_EXTENSIONS_DIR", "torch_extensions"),
+        ("TRITON_CACHE_DIR", "triton"),
+        ("HF_MODULES_CACHE", "hf_modules"),
+    ):
+        assert f'{name}="$PT_NODE_CACHE/{sub}"' in script
+    shellcheck(script, tmp_path)
+    # unset, the environment's own settings stay (a build cached there is reused)
+    kept = dry_run(pt_slurm, write(tmp_path, TWO_NODES))
+    assert "PT_NODE_CACHE" not in kept and "TORCH_EXTENSIONS_DIR" not in kept
+
+
+def test_a_multi_node_job_warns_on_every_node_when_memlock_is_limited(tmp_path, pt_slurm):
+    script = dry_run(pt_slurm, write(tmp_path, TWO_NODES))
+    node_main = script.split("node_main() {")[1].split("\n}")[0]
+    assert 'if [ "$(ulimit -l)" != unlimited ]; then' in node_main
+    assert "pt-slurm: warning: ulimit -l (locked memory)" in node_main
+    one_node = dry_run(pt_slurm, write(tmp_path, {**TWO_NODES, "nodes": 1}))
+    assert "ulimit -l" not in one_node  # no InfiniBand between ranks of one node
+
+
+def test_module_load_finds_the_module_system_in_a_non_login_shell(tmp_path, pt_slurm):
+    script = dry_run(pt_slurm, write(tmp_path, {**TWO_NODES, "modules": ["cuda/12.4"]}))
+    setup = script.split('setup_line="module load cuda/12.4"')[1].split("setup_line=")[0]
+    assert setup.startswith("\nif ! command -v module >/dev/null 2>&1; then")
+    for init in (
+        '"${MODULESHOME:-/usr/share/Modules}/init/bash"',
+        "/usr/share/lmod/lmod/init/bash",
+        "/etc/profile.d/modules.sh",
+    ):
+        assert init in setup
+    assert setup.rstrip().endswith("module load cuda/12.4 || pt_setup_failed")
+    shellcheck(script, tmp_path)
+
+
+def test_apptainer_with_cleanenv_still_gets_the_slurm_env(tmp_path, pt_slurm):
+    """--cleanenv passes only APPTAINERENV_<NAME> in: every slurm.env key and the job's own
+    variables are exported under that name too, and env_file goes as --env-file."""
+    slurm = {
+        **TWO_NODES,
+        "env_file": "site.env",
+        "container": {"image": "/images/pt.sif", "options": ["--cleanenv"]},
+    }
+    script = dry_run(pt_slurm, write(tmp_path, slurm))
+    node_main = script.split("node_main() {")[1].split("\n}")[0]
+    names = re.search(r"for name in (.*); do", node_main).group(1).split()
+    for name in ("NCCL_DEBUG", "PT_CONFIG", "PT_SLURM_DIR", "MASTER_ADDR", "MASTER_PORT"):
+        assert name in names
+    for name in ("SLURM_JOB_ID", "SLURM_NODEID", "SLURM_RESTART_COUNT", "HF_HUB_OFFLINE"):
+        assert name in names
+    assert 'export "APPTAINERENV_$name=${!name}" "SINGULARITYENV_$name=${!name}"' in node_main
+    assert "--env-file site.env --cleanenv /images/pt.sif" in node_main
+    shellcheck(script, tmp_path)
+    bare = dry_run(pt_slurm, write(tmp_path, TWO_NODES))
+    assert "APPTAINERENV_" not in bare
+
+
+def test_each_rank_leaves_its_exit_intent_for_the_job_script(tmp_path, pt_slurm):
+    """torchrun reports a rank's exit 85 (requeue) or 86 (hang watchdog) as exit 1: the
+    rank's own code goes to a file of this run of the job, which the bookkeeping reads."""
+    script = dry_run(pt_slurm, write(tmp_path, TWO_NODES))
+    launch = re.search(r"exec (\S*torchrun .*)", script).group(1)
+    wrapper = re.search(r"--no-python bash -c '([^']*)' pt-rank ", launch).group(1)
+    assert 'case $code in 85|86) echo "$code" >>' in wrapper
+    assert '"$PT_SLURM_DIR/exit-intent-$SLURM_JOB_ID-$SLURM_RESTART_COUNT"' in wrapper
+    assert 'intent_file="$PT_SLURM_DIR/exit-intent-$SLURM_JOB_ID-$SLURM_RESTART_COUNT"' in script
+    # torchrun's wait for the other ranks after one has ended is its own setting
+    assert 'TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-60}"' in script
+    bounded = dry_run(pt_slurm, write(tmp_path, {**TWO_NODES, "shutdown_seconds": 20}))
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-20}" in bounded
+
+
+def test_the_hang_exit_code_is_pt_trains():
+    watchdog = pytest.importorskip("pt_train.watchdog", reason="needs pt-train")
+    from pt_slurm.render import HANG_EXIT_CODE
+
+    assert watchdog.HANG_EXIT_CODE == HANG_EXIT_CODE
+
+
+def test_the_rendezvous_port_passes_over_one_that_is_taken(tmp_path, pt_slurm):
+    script = dry_run(pt_slurm, write(tmp_path, TWO_NODES))
+    assert '(exec 3<>"/dev/tcp/127.0.0.1/$MASTER_PORT")' in script
+    assert 'MASTER_PORT="$((10000 + (MASTER_PORT - 10000 + 1) % 20000))"' in script

@@ -14,6 +14,7 @@ import yaml
 from pt_core.contracts import REQUEUE_EXIT_CODE
 from pt_core.errors import ConfigError, InputError
 from pt_slurm import state
+from pt_slurm.render import HANG_EXIT_CODE
 from pt_slurm.submit import freeze_config
 
 BOOKKEEPING = resources.files("pt_slurm") / "templates" / "bookkeeping.sh"
@@ -27,13 +28,16 @@ def decide(tmp_path, **given) -> dict:
         "COMPLETION": "manifest",
         "PROGRESS_FILE": "",
         "REQUEUE_EXIT_CODE": REQUEUE_EXIT_CODE,
+        "HANG_EXIT_CODE": HANG_EXIT_CODE,
         "phase": "step",
         "exit_code": 0,
         "signals": "",
         "manifest_found": 0,
+        "intent": "",
         "progress_at_start": "",
         "progress_now": "",
         "slurm_requeued": 0,
+        "preempted": 0,
         "setup_line": "",
         "failures": 0,
         "requeues": 0,
@@ -56,6 +60,14 @@ def decide(tmp_path, **given) -> dict:
     }
 
 
+# A stage that saved a step since its run started (its progress file changed).
+SAVED = {
+    "PROGRESS_FILE": "/r/checkpoints/latest",
+    "progress_at_start": "step-40",
+    "progress_now": "step-50",
+}
+
+
 @pytest.mark.parametrize(
     "given, expected",
     [
@@ -69,8 +81,15 @@ def decide(tmp_path, **given) -> dict:
         # a command judged by its exit code (slurm.command) has finished at exit 0
         ({"COMPLETION": "exit_code", "exit_code": 0}, ("done", "completed", 0, 0)),
         # the stage saved and asked to continue: a requeue, not a failure
-        ({"exit_code": REQUEUE_EXIT_CODE}, ("requeue", "requeued", 0, 1)),
-        ({"exit_code": 1, "signals": "USR1", "requeues": 2}, ("requeue", "requeued", 0, 3)),
+        ({"exit_code": REQUEUE_EXIT_CODE, **SAVED}, ("requeue", "requeued", 0, 1)),
+        (
+            {"exit_code": 1, "signals": "USR1", "requeues": 2, **SAVED},
+            ("requeue", "requeued", 0, 3),
+        ),
+        # a stage of any kind without a progress file cannot show a saved step: a failure
+        ({"exit_code": REQUEUE_EXIT_CODE}, ("requeue", "retrying", 1, 0)),
+        ({"exit_code": REQUEUE_EXIT_CODE, "failures": 2}, ("stop", "failed", 3, 0)),
+        ({"exit_code": 1, "signals": "USR1"}, ("requeue", "retrying", 1, 0)),
         # ... but with no progress since the run started it counts as a failure
         (
             {
@@ -90,8 +109,16 @@ def decide(tmp_path, **given) -> dict:
             },
             ("requeue", "requeued", 0, 1),
         ),
+        # under torchrun a rank's 85 arrives as exit 1; the rank's own code decides
+        ({"exit_code": 1, "intent": REQUEUE_EXIT_CODE, **SAVED}, ("requeue", "requeued", 0, 1)),
+        # the hang watchdog's 86 (straight, or through torchrun) is a failure, never a requeue
+        ({"exit_code": HANG_EXIT_CODE, **SAVED}, ("requeue", "retrying", 1, 0)),
+        (
+            {"exit_code": 1, "intent": HANG_EXIT_CODE, "signals": "USR1"},
+            ("requeue", "retrying", 1, 0),
+        ),
         # and the requeues are bounded: the 6th asked for with max_requeues=5 stops
-        ({"exit_code": REQUEUE_EXIT_CODE, "requeues": 5}, ("stop", "failed", 0, 5)),
+        ({"exit_code": REQUEUE_EXIT_CODE, "requeues": 5, **SAVED}, ("stop", "failed", 0, 5)),
         # scancel / wall time (SIGTERM) or pt-slurm cancel: stop even if the stage said 85
         ({"exit_code": REQUEUE_EXIT_CODE, "signals": "TERM"}, ("stop", "stopped", 0, 0)),
         ({"exit_code": 1, "signals": "USR1,TERM"}, ("stop", "stopped", 0, 0)),
@@ -132,8 +159,24 @@ def test_the_reasons_name_what_happened(tmp_path):
     assert stuck["reason"] == (
         "exit 85 without progress (latest still step-40): failure 3 of 3, giving up"
     )
-    bound = decide(tmp_path, exit_code=REQUEUE_EXIT_CODE, requeues=5)
+    bound = decide(tmp_path, exit_code=REQUEUE_EXIT_CODE, requeues=5, **SAVED)
     assert "requeued 5 times (max_requeues=5)" in bound["reason"]
+    hang = decide(tmp_path, exit_code=1, intent=HANG_EXIT_CODE)
+    assert hang["reason"] == (
+        "the hang watchdog ended the step: exit 1 (a rank exited 86): failure 1 of 3, retrying"
+    )
+    preempted = decide(tmp_path, exit_code=REQUEUE_EXIT_CODE, preempted=1, **SAVED)
+    assert (preempted["action"], preempted["reason"]) == (
+        "requeue",
+        "preempted by SLURM, exit 85: latest now step-50, continuing (requeue 1 of at most 5)",
+    )
+    through = decide(tmp_path, exit_code=1, intent=REQUEUE_EXIT_CODE, **SAVED)
+    assert through["reason"].startswith("exit 1 (a rank exited 85): latest now step-50")
+    unsaved = decide(tmp_path, exit_code=REQUEUE_EXIT_CODE)
+    assert unsaved["reason"] == (
+        "exit 85 without a progress file to show a saved step (set slurm.progress): "
+        "failure 1 of 3, retrying"
+    )
 
 
 def _events(tmp_path, *lines: dict) -> None:

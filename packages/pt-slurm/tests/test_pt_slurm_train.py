@@ -118,9 +118,9 @@ def _state(run_dir: Path) -> dict:
     return read_state(run_dir)
 
 
-def _weights(run_dir: Path) -> dict:
+def _weights(run_dir: Path, steps: int = STEPS) -> dict:
     return safetensors_numpy.load_file(
-        run_dir / "inference" / f"step-{STEPS}" / "model.safetensors"
+        run_dir / "inference" / f"step-{steps}" / "model.safetensors"
     )
 
 
@@ -190,15 +190,16 @@ def test_signalled_run_requeues_once_resumes_and_ends_with_the_reference_weights
 
 # ---------------------------------------------------------------- a hung rank
 
-HANG_AT = 15  # rank 1 sleeps before the 16th step; step-10 is the last checkpoint then
+HANG_STEPS = 12  # each hang run's steps, a checkpoint every 5
+HANG_AT = 7  # rank 1 sleeps before the 8th step; step-5 is the last checkpoint then
 
 
 @pytest.fixture(scope="module")
 def hang_runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
-    """Two 2-rank runs submitted together: one as it is, and one whose rank 1 sleeps for
-    ever before step 16 on its first attempt (the PT_TRAIN_TEST_STALL test hook, which
-    stalls only while the run dir holds no stack dump), with the watchdog on (30 s) and
-    checkpoints written in the background."""
+    """Two 2-rank runs of 12 steps submitted together: one as it is, and one whose rank 1
+    sleeps for ever before step 8 on its first attempt (the PT_TRAIN_TEST_STALL test hook,
+    which stalls only while the run dir holds no stack dump), with the watchdog on (15 s)
+    and checkpoints written in the background."""
     path = _write_config(tmp_path_factory.mktemp("pt-slurm-hang"), tiny_tokenizer_dir)
     stall = f"at=step,rank=1,step={HANG_AT},seconds=inf"
     jobs = {}
@@ -207,7 +208,7 @@ def hang_runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
         (
             "hung",
             [
-                "training.watchdog_minutes=0.5",
+                "training.watchdog_minutes=0.25",
                 "training.async_save=true",
                 f"slurm.env.PT_TRAIN_TEST_STALL={stall}",
             ],
@@ -221,6 +222,8 @@ def hang_runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
                 f"run_name={name}",
                 f"slurm.job_name=pt-{name}",
                 "slurm.procs_per_node=2",
+                f"training.max_steps={HANG_STEPS}",
+                "training.save_steps=5",
                 *extra,
             ],
             capture_output=True,
@@ -248,6 +251,8 @@ def test_a_hung_rank_ends_in_stack_dumps_and_a_retry_that_ends_with_the_unhung_w
     first = st["runs"][0]
     assert first["exit_code"] not in (0, 2, 85) and not first["signals"], first
     assert first["reason"].endswith("failure 1 of 3, retrying"), first["reason"]
+    # torchrun exited 1; the ranks' own 86 reached the job through the exit-intent file
+    assert first["reason"].startswith("the hang watchdog ended the step: exit 1 (a rank exited 86)")
     assert st["failures"] == 0 and st["job_ids"] == [job_id]
     assert slurm_cluster.job(job_id)["Restarts"] == "1"
 
@@ -263,12 +268,12 @@ def test_a_hung_rank_ends_in_stack_dumps_and_a_retry_that_ends_with_the_unhung_w
         x.split("]:", 1)[-1]
         for x in (run_dir / "slurm" / f"slurm-{job_id}.err").read_text().splitlines()
     )
-    assert "watchdog: no optimizer step completed in 0.5 min" in " ".join(err.split())
-    assert "from step-10 (step 10)" in " ".join(err.split())  # the retry resumed there
+    assert "watchdog: no optimizer step completed in 0.25 min" in " ".join(err.split())
+    assert "from step-5 (step 5)" in " ".join(err.split())  # the retry resumed there
 
     reference = Path(hang_runs["unhung"]["path"])
     assert _state(reference)["status"] == "completed"
     assert [m["loss"] for m in _metrics(run_dir)] == [m["loss"] for m in _metrics(reference)]
-    ref, got = _weights(reference), _weights(run_dir)
+    ref, got = _weights(reference, HANG_STEPS), _weights(run_dir, HANG_STEPS)
     assert ref.keys() == got.keys()
     assert all((ref[k] == got[k]).all() for k in ref), "weights differ from the unhung run"

@@ -67,9 +67,14 @@ def submit(
 
 
 def _describe(info: dict) -> str:
-    slurm = info["slurm_state"] or (
-        "unknown: " + info["slurm_error"] if info["slurm_error"] else "unknown"
-    )
+    if info["slurm_error"]:
+        slurm = "unknown: " + info["slurm_error"]
+    elif info["slurm_forgot"]:
+        slurm = "no longer knows the job"
+    else:
+        slurm = info["slurm_state"] or "unknown"
+        if info["sources"]["slurm_state"] == "sacct":
+            slurm += " in sacct"
     if info["slurm_reason"]:
         slurm += f", reason {info['slurm_reason']}"
     limits = ""
@@ -85,8 +90,9 @@ def _describe(info: dict) -> str:
 def status(
     path: Path = typer.Argument(..., help="Run directory, or a pipeline's directory."),
 ) -> None:
-    """The run's state, job id, SLURM's state and reason, requeues, failures and last
-    metrics line; for a pipeline, one line per stage."""
+    """The run's state (checked against SLURM's), job id, SLURM's state and reason,
+    requeues, failures, each run of the job and the last metrics line; for a pipeline,
+    the same per stage."""
     from pt_slurm.submit import status as run_status
 
     info = run_status(path)
@@ -97,8 +103,20 @@ def status(
             console.print(f"  {item['reason']}", highlight=False)
         if item["result"]:
             console.print(f"  result: {item['result']}", highlight=False)
+        for run in item["history"]:
+            console.print(
+                f"  run {run['restart']} of job {run['job_id']}: {run['outcome']}"
+                + (f": {run['reason']}" if run["reason"] else ""),
+                highlight=False,
+            )
         if item["last_metrics"]:
             console.print(f"  last metrics: {item['last_metrics']}", highlight=False)
+        if item["metrics_stale_minutes"]:
+            console.print(
+                f"  metrics stale: no step for {item['metrics_stale_minutes']} minutes "
+                "(a hang? see the watchdog: training.watchdog_minutes)",
+                highlight=False,
+            )
     emit_manifest(**info)
 
 
@@ -110,12 +128,19 @@ def logs(
     stage: str = typer.Option(
         None, "--stage", help="A pipeline's stage (default: the last one that started)."
     ),
+    wait: float = typer.Option(
+        60.0,
+        "--wait",
+        min=0,
+        help="With -f: seconds to wait for a SLURM controller that does not answer about a "
+        "job that has not started, before giving up.",
+    ),
 ) -> None:
     """The job's logs: slurm-<id>.out on stdout, slurm-<id>.err on stderr; every line of
     the step starts with its node's number ("0: ")."""
     from pt_slurm.submit import choose_stage, follow_logs
 
-    follow_logs(choose_stage(path, stage), follow=follow, job_id=job)
+    follow_logs(choose_stage(path, stage), follow=follow, job_id=job, wait_seconds=wait)
 
 
 @app.command()

@@ -38,6 +38,8 @@ _MEM_RE = re.compile(r"^\d+[KMGT]?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _WORD_RE = re.compile(r"^[^\s'\"\\`$;&|<>]+$")  # safe inside an #SBATCH line unquoted
 _CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.,:&|!*\[\]()-]+$")  # SLURM's feature expressions
+# An absolute path whose $VAR / ${VAR:-default} parts expand on the node.
+_NODE_PATH_RE = re.compile(r"^(/|\$)[A-Za-z0-9_./@+=,:{}$-]*$")
 _RELATIVE_FILE_RE = re.compile(r"^[A-Za-z0-9_.@+=,-][A-Za-z0-9_./@+=,-]*$")
 
 
@@ -122,6 +124,19 @@ class SlurmConfig(Section):
     container: ContainerConfig | None = None
     extra_sbatch: list[str] = Field(default_factory=list)  # e.g. "--reservation=x"
     signal_seconds: int = Field(120, gt=0, le=65535)
+    # How long torchrun waits for the other ranks once one has ended before it kills
+    # them (TORCH_ELASTIC_SHUTDOWN_TIMEOUT): ranks that save together end together, and
+    # after a hang this is what the hung ranks get, not signal_seconds.
+    shutdown_seconds: int = Field(60, gt=0)
+    # Compute nodes without internet: HF_HUB_OFFLINE=1, so that no rank downloads a
+    # model (put it in the HF cache first); false for a stage that must download.
+    hf_offline: bool = True
+    # Node-local scratch for compiled artefacts (TORCH_EXTENSIONS_DIR, TRITON_CACHE_DIR,
+    # HF_MODULES_CACHE), e.g. /local/pt-$USER: a build lock left on a shared filesystem
+    # by a killed run would hang every retry. $VARS expand on the node. Unset, those
+    # variables stay as the environment has them (a directory per job would rebuild
+    # every extension at every start).
+    node_cache: str | None = None
     max_failures: int = Field(3, gt=0)
     max_requeues: int = Field(50, ge=0)
     # A file in the run dir that changes when the stage saves progress (pt-train:
@@ -148,6 +163,16 @@ class SlurmConfig(Section):
             raise ValueError(
                 f"{value!r} is not a SLURM feature expression (features joined by & | , "
                 "without spaces or quotes)"
+            )
+        return value
+
+    @field_validator("node_cache")
+    @classmethod
+    def _node_cache(cls, value: str | None) -> str | None:
+        if value is not None and not _NODE_PATH_RE.match(value):
+            raise ValueError(
+                f"{value!r}: give an absolute path, $VARS allowed, without spaces, quotes "
+                "or other shell characters, e.g. /local/scratch/pt-$SLURM_JOB_ID"
             )
         return value
 

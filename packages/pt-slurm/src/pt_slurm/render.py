@@ -44,6 +44,18 @@ OPTION_MAPPINGS = ("rollout", "eval")
 # pt-train replaces checkpoints/latest only once a checkpoint is complete.
 DEFAULT_PROGRESS = {"train": "checkpoints/latest"}
 _IGNORE_USR1 = 'trap "" USR1; exec "$@"'
+# pt-train's exit code when its hang watchdog ended the run (pt_train.watchdog).
+HANG_EXIT_CODE = 86
+# A launcher reports a rank's exit 85 or 86 as its own failure (torchrun: exit 1), so
+# each rank runs under this wrapper, which leaves the code it exited with in a file the
+# job script reads (``INTENT_FILE``). A TERM handler keeps the wrapper alive until the
+# rank it waits for has ended (the launcher signals the whole process group).
+INTENT_FILE = "$PT_SLURM_DIR/exit-intent-$SLURM_JOB_ID-$SLURM_RESTART_COUNT"
+_KEEP_EXIT_INTENT = (
+    'trap : TERM; "$@"; code=$?; '
+    f"case $code in {REQUEUE_EXIT_CODE}|{HANG_EXIT_CODE}) "
+    f'echo "$code" >>"{INTENT_FILE}" ;; esac; exit "$code"'
+)
 
 
 def quote(value: Any) -> str:
@@ -189,6 +201,8 @@ def container_words(slurm: SlurmConfig, run_dir: Path, workdir: Path) -> list[st
     if slurm.gpus_per_node and c.gpu != "none":
         words.append(f"--{c.gpu}")
     words += ["--bind", quote(",".join(_paths_to_bind(slurm, run_dir, workdir)))]
+    if slurm.env_file:
+        words += ["--env-file", quote(slurm.env_file)]  # kept under --cleanenv too
     return [*words, *(quote(o) for o in c.options), quote(c.image)]
 
 
@@ -198,8 +212,13 @@ def srun_container_words(slurm: SlurmConfig, run_dir: Path, workdir: Path) -> li
     if c is None or c.runtime != "pyxis":
         return []
     mounts = [b if ":" in b else f"{b}:{b}" for b in _paths_to_bind(slurm, run_dir, workdir)]
+    image = (
+        '--container-image="$PT_IMAGE"'
+        if pyxis_import(slurm)
+        else quote(f"--container-image={c.image}")
+    )
     return [
-        quote(f"--container-image={c.image}"),
+        image,
         quote(f"--container-mounts={','.join(mounts)}"),
         quote(f"--container-workdir={workdir}"),
         *(quote(o) for o in c.options),
@@ -213,6 +232,8 @@ def node_command(
     bindir = python_bindir(slurm)
     launcher = slurm.launcher or DEFAULT_LAUNCHER[stage]
     command = stage_command(stage, run, data, bindir, has_input=has_input)
+    if launcher != "none":
+        command = f"bash -c {quote(_KEEP_EXIT_INTENT)} pt-rank {command}"
     words = [*launcher_words(launcher, slurm, bindir), command]
     runtime_words = container_words(slurm, run_dir, workdir)
     if runtime_words:
@@ -222,12 +243,77 @@ def node_command(
     return " ".join(words)
 
 
+# Where the module system's shell init usually lives: a batch shell is not a login shell,
+# so `module` is often undefined in it.
+MODULE_INITS = (
+    '"${MODULESHOME:-/usr/share/Modules}/init/bash"',
+    "/usr/share/lmod/lmod/init/bash",
+    "/etc/profile.d/lmod.sh",
+    "/etc/profile.d/modules.sh",
+)
+# The variables the node's command needs inside an Apptainer container started with
+# --cleanenv, which passes only APPTAINERENV_<NAME> (SINGULARITYENV_<NAME>) in.
+CONTAINER_ENV = (
+    "PT_CONFIG",
+    "PT_SLURM_DIR",
+    "PT_INPUT",
+    "PT_INPUT_MANIFEST",
+    "PT_HOSTFILE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODEID",
+    "SLURM_RESTART_COUNT",
+    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+    "HF_HUB_OFFLINE",
+    "TORCH_EXTENSIONS_DIR",
+    "TRITON_CACHE_DIR",
+    "HF_MODULES_CACHE",
+)
+NODE_CACHES = {
+    "TORCH_EXTENSIONS_DIR": "torch_extensions",
+    "TRITON_CACHE_DIR": "triton",
+    "HF_MODULES_CACHE": "hf_modules",
+}
+
+
+def container_env(slurm: SlurmConfig) -> list[str]:
+    """The variables to pass into an Apptainer/Singularity container by name (none for
+    pyxis, whose containers get the step's environment)."""
+    if slurm.container is None or slurm.container.runtime == "pyxis":
+        return []
+    return [*CONTAINER_ENV, *(k for k in sorted(slurm.env) if k not in CONTAINER_ENV)]
+
+
+def pyxis_import(slurm: SlurmConfig) -> bool:
+    """A pyxis image named by a registry (not a squashfs file) is imported once per job
+    into the run's slurm/ directory, not by every srun of every requeue."""
+    c = slurm.container
+    return (
+        c is not None
+        and c.runtime == "pyxis"
+        and not c.image.startswith("/")
+        and not c.image.endswith(".sqsh")
+    )
+
+
 def setup_items(
     slurm: SlurmConfig, input_manifest: Path | None, input_stage: str | None
 ) -> list[tuple[str, str]]:
     """(what the log names if it fails, the shell lines) for each piece of the setup, in
     order; each piece books its own failure (``pt_setup_failed``)."""
     items = []
+    if slurm.hf_offline:
+        items.append(("export HF_HUB_OFFLINE=1", "export HF_HUB_OFFLINE=1"))
+    if slurm.node_cache:
+        exports = " ".join(f'{k}="$PT_NODE_CACHE/{v}"' for k, v in NODE_CACHES.items())
+        items.append(
+            (
+                f"export {' '.join(NODE_CACHES)} (slurm.node_cache)",
+                f'PT_NODE_CACHE="{slurm.node_cache}"\nexport {exports}',
+            )
+        )
     if input_manifest is not None:
         items.append(
             (
@@ -241,7 +327,20 @@ def setup_items(
         items.append((f"PATH += {bindir}", f'export PATH={quote(bindir)}:"$PATH"'))
     if slurm.modules:
         load = "module load " + " ".join(quote(m) for m in slurm.modules)
-        items.append((load, f"{load} || pt_setup_failed"))
+        find_init = (
+            "if ! command -v module >/dev/null 2>&1; then\n"
+            f"    for init in {' '.join(MODULE_INITS)}; do\n"
+            '        if [ -f "$init" ]; then\n'
+            "            set +u  # the module systems' init scripts read unset variables\n"
+            "            # shellcheck source=/dev/null\n"
+            '            source "$init"\n'
+            "            set -u\n"
+            "            break\n"
+            "        fi\n"
+            "    done\n"
+            "fi\n"
+        )
+        items.append((load, f"{find_init}{load} || pt_setup_failed"))
     if slurm.env_file:
         items.append(
             (
@@ -255,6 +354,19 @@ def setup_items(
         items.append((f"export {key}", f"export {key}={quote(value)}"))
     for line in slurm.setup:
         items.append((line, "{\n" + line + "\n} || pt_setup_failed"))
+    if pyxis_import(slurm):
+        image = slurm.container.image
+        items.append(
+            (
+                f"enroot import docker://{image} (once per job)",
+                'PT_IMAGE="$PT_SLURM_DIR/image-$SLURM_JOB_ID.sqsh"\n'
+                'if [ ! -f "$PT_IMAGE" ]; then\n'
+                '    rm -f "$PT_IMAGE.part"\n'
+                f'    enroot import -o "$PT_IMAGE.part" {quote("docker://" + image)} || pt_setup_failed\n'
+                '    mv -f "$PT_IMAGE.part" "$PT_IMAGE" || pt_setup_failed\n'
+                "fi",
+            )
+        )
     return items
 
 
@@ -309,6 +421,9 @@ def render_script(
         launcher=launcher,
         ranks=slurm.ranks_per_node,
         requeue_code=REQUEUE_EXIT_CODE,
+        hang_code=HANG_EXIT_CODE,
+        container_env=container_env(slurm),
+        intent_file=INTENT_FILE,
         completion=completion_rule(slurm),
         progress_file=progress_path(stage, slurm, run_dir),
         setup=setup_items(slurm, input_manifest, input_stage),

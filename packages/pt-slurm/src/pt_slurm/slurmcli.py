@@ -50,10 +50,13 @@ def _said(proc: subprocess.CompletedProcess) -> str:
     return " ".join((proc.stderr or proc.stdout or "").split()) or "no message"
 
 
-def sbatch(script: Path, *, after: str | None = None) -> str:
+def sbatch(script: Path, *, after: str | None = None, hold: bool = False) -> str:
     """Submit ``script``; return the job id. ``after``: a job that must complete
-    successfully first (``--dependency=afterok``); if it fails, SLURM cancels this one."""
+    successfully first (``--dependency=afterok``); if it fails, SLURM cancels this one.
+    ``hold``: the job waits (``JobHeldUser``) until :func:`release`."""
     args = ["sbatch", "--parsable"]
+    if hold:
+        args.append("--hold")
     if after is not None:
         args += [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
     out = _run([*args, str(script)]).stdout.strip()
@@ -81,6 +84,16 @@ def job_fields(job_id: str) -> dict[str, str]:
     return fields
 
 
+def accounting_state(job_id: str) -> str | None:
+    """The job's state in SLURM's accounting (``sacct``), for a job the controller has
+    forgotten; None where there is no accounting (no sacct, no slurmdbd) or no record."""
+    if shutil.which("sacct") is None:
+        return None
+    proc = _run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], check=False)
+    words = proc.stdout.split() if proc.returncode == 0 else []
+    return words[0] if words else None  # "CANCELLED by 0" -> CANCELLED
+
+
 def live_jobs_running(script: Path) -> list[tuple[str, str]]:
     """(job id, state) of this user's live jobs whose batch script is ``script``: the jobs
     writing its run directory, whatever the run's own records say."""
@@ -103,3 +116,8 @@ def available() -> bool:
 
 def scancel(job_id: str) -> None:
     _run(["scancel", str(job_id)])
+
+
+def release(job_ids: list[str]) -> None:
+    """Let held jobs start (``scontrol release``), all in one call."""
+    _run(["scontrol", "release", ",".join(job_ids)])

@@ -53,7 +53,14 @@ def locked(run_dir: str | Path, name: str = ".state.lock") -> Iterator[None]:
     """An exclusive lock on ``slurm/<name>`` (flock, which the job script's flock(1) shares)."""
     slurm_dir(run_dir).mkdir(parents=True, exist_ok=True)
     with open(slurm_dir(run_dir) / name, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as exc:
+            raise InputError(
+                f"flock does not work on the filesystem of {run_dir} ({exc.strerror})",
+                hint="put output_dir on a filesystem where it does (NFS mounted without "
+                "nolock, Lustre with -o flock): pt-slurm and the job take turns through it",
+            ) from None
         yield
 
 
@@ -182,7 +189,9 @@ def fold(events: list[dict[str, Any]]) -> dict[str, Any]:
         elif kind == "requeue_failed":
             st.update(status="failed", reason=f"scontrol requeue failed: {ev.get('message')}")
         elif kind == "cancel":
-            st.update(status="cancelled", reason="cancelled with pt-slurm cancel")
+            st.update(
+                status="cancelled", reason=ev.get("reason") or "cancelled with pt-slurm cancel"
+            )
     return st
 
 
@@ -221,9 +230,9 @@ def record_sbatch_failed(run_dir: str | Path, error: str) -> None:
     append_event(run_dir, "sbatch_failed", error=error)
 
 
-def mark_cancelled(run_dir: str | Path) -> None:
+def mark_cancelled(run_dir: str | Path, *, reason: str | None = None) -> None:
     """The job, when its step ends, reads this and stops instead of requeueing."""
-    append_event(run_dir, "cancel")
+    append_event(run_dir, "cancel", **({"reason": reason} if reason else {}))
 
 
 def mark_cancelled_unless_final(run_dir: str | Path) -> bool:

@@ -20,6 +20,8 @@ from typing import Any, TextIO
 
 import yaml
 
+from pt_core.config import changed_keys
+from pt_core.config import freeze_config as pt_freeze_config
 from pt_core.errors import ConfigError, InputError, PtError
 from pt_core.files import atomic_write_json, atomic_write_text
 from pt_core.log import get_logger
@@ -195,10 +197,12 @@ def submit(
 
 
 def _sbatch_chain(stages: list[Stage], scripts: dict[str, Path]) -> dict[str, str]:
-    """sbatch each stage, each after the one before it; on a failure, cancel the ones
-    already submitted, so that no half of a pipeline runs."""
+    """sbatch each stage, each after the one before it. A pipeline's stages are submitted
+    held and released together once sbatch has accepted every one; if sbatch refuses one
+    (or the release fails), the ones already submitted are cancelled before any ran."""
     job_ids: dict[str, str] = {}
     previous: str | None = None
+    hold = len(stages) > 1
     for stage in stages:
         slurm = stage.run.slurm
         state.begin_submission(
@@ -210,24 +214,40 @@ def _sbatch_chain(stages: list[Stage], scripts: dict[str, Path]) -> dict[str, st
             input_stage=stage.input.name if stage.input else None,
         )
         try:
-            job_id = slurmcli.sbatch(scripts[stage.name], after=previous)
+            job_id = slurmcli.sbatch(scripts[stage.name], after=previous, hold=hold)
         except PtError as exc:
             state.record_sbatch_failed(stage.run_dir, exc.message)
-            for earlier in stages[: len(job_ids)]:
-                state.mark_cancelled(earlier.run_dir)
-                with contextlib.suppress(PtError):
-                    slurmcli.scancel(job_ids[earlier.name])
+            why = f"sbatch of stage {stage.name!r} failed"
+            _cancel_held(stages, job_ids, why)
             if job_ids:
                 raise PtError(
-                    f"sbatch of stage {stage.name!r} failed: {exc.message}; the stage(s) "
-                    f"submitted before it ({', '.join(job_ids)}) were cancelled",
+                    f"{why}: {exc.message}; the stage(s) submitted before it "
+                    f"({', '.join(job_ids)}) were held, and were cancelled before they ran",
                     hint=exc.hint,
                 ) from None
             raise
         state.record_job_id(stage.run_dir, job_id)
         job_ids[stage.name] = job_id
         previous = job_id
+    if hold:
+        try:
+            slurmcli.release(list(job_ids.values()))
+        except PtError as exc:
+            _cancel_held(stages, job_ids, "the release of the held stages failed")
+            raise PtError(
+                f"every stage was submitted held, and releasing them failed: {exc.message}; "
+                f"all were cancelled before they ran",
+                hint="submit again once `scontrol release` works (check with: squeue --me)",
+            ) from None
     return job_ids
+
+
+def _cancel_held(stages: list[Stage], job_ids: dict[str, str], why: str) -> None:
+    """Cancel the held jobs of a pipeline whose submission failed, the last one first."""
+    for stage in reversed([s for s in stages if s.name in job_ids]):
+        state.mark_cancelled(stage.run_dir, reason=f"{why}; cancelled before it ran")
+        with contextlib.suppress(PtError):
+            slurmcli.scancel(job_ids[stage.name])
 
 
 def _refuse_second_job(run_dir: Path) -> None:
@@ -274,10 +294,7 @@ def freeze_config(run_dir: Path, data: dict, *, force: bool = False) -> Path:
             ) from None
         if not isinstance(frozen, dict):
             raise InputError(f"{path}: not a mapping of keys", hint="pass --force to replace it")
-        differing = _differing_keys(
-            {k: v for k, v in data.items() if k != "slurm"},
-            {k: v for k, v in frozen.items() if k != "slurm"},
-        )
+        differing = changed_keys(frozen, data, ignore=("slurm",), only_new=True)
         if differing:
             raise ConfigError(
                 f"{path} holds this run with other values for: {', '.join(differing)}",
@@ -285,20 +302,7 @@ def freeze_config(run_dir: Path, data: dict, *, force: bool = False) -> Path:
                 "the frozen config",
             )
         data = {**frozen, "slurm": data.get("slurm", {})}
-    return atomic_write_text(path, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-
-
-def _differing_keys(new: dict, old: dict, prefix: str = "") -> list[str]:
-    """Dotted keys of ``new`` whose value in ``old`` differs (keys only in ``old`` are fine:
-    a stage writes its defaults into the frozen copy)."""
-    out = []
-    for key, value in new.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and isinstance(old.get(key), dict):
-            out += _differing_keys(value, old[key], dotted + ".")
-        elif key not in old or old[key] != value:
-            out.append(dotted)
-    return out
+    return pt_freeze_config(data, run_dir)
 
 
 # --------------------------------------------------------------------------- watching
@@ -325,7 +329,9 @@ def status(path: str | Path) -> dict[str, Any]:
     stages = pipeline_stages(path)
     if stages is None:
         return stage_status(path)
-    infos = [{"name": s["name"], **stage_status(Path(s["run_dir"]), s)} for s in stages]
+    infos: list[dict[str, Any]] = []
+    for s in stages:
+        infos.append({"name": s["name"], **stage_status(Path(s["run_dir"]), s, infos)})
     first_open = next((i for i in infos if i["status"] != "completed"), None)
     return {
         "kind": "job",
@@ -336,43 +342,126 @@ def status(path: str | Path) -> dict[str, Any]:
     }
 
 
-def stage_status(run_dir: Path, stage: dict | None = None) -> dict[str, Any]:
+# How a job SLURM ended without the job booking its end reads (a plain scancel of a
+# pending job, a SIGKILL): SLURM's state, in pt-slurm's words.
+_UNBOOKED_END = {"CANCELLED": "cancelled", "TIMEOUT": "stopped", "PREEMPTED": "stopped"}
+_ENDED_UNFINISHED = ("failed", "stopped", "cancelled")
+
+
+def stage_status(
+    run_dir: Path, stage: dict | None = None, earlier: list[dict] | None = None
+) -> dict[str, Any]:
     """One run's status; ``stage``: its record in a pipeline, whose later stages have no
-    events when an earlier stage's sbatch failed."""
+    events when an earlier stage's sbatch failed; ``earlier``: the statuses of the
+    stages before it (a stage waits for every one of them to complete).
+
+    The recorded status (``slurm/events.jsonl``) is reconciled with what SLURM says:
+    a job SLURM has ended, or forgotten, without booking its end takes SLURM's word, and
+    a stage that has not started behind a stage that ended unfinished will not run.
+    ``sources`` says where ``status`` and ``slurm_state`` come from.
+    """
     if stage is not None and not state.events_path(run_dir).exists():
         st = {"job_id": None, "status": "not submitted", "stage": stage.get("stage")}
         st["reason"] = "a stage before it was not submitted"
     else:
         st = state.read_state(run_dir)
     fields: dict[str, str] = {}
-    slurm_error = None
+    slurm_state, slurm_source, slurm_error, forgotten = None, None, None, False
     if st["job_id"] and slurmcli.available():
         try:
             fields = slurmcli.job_fields(st["job_id"])
         except slurmcli.SlurmUnavailable as exc:
             slurm_error = exc.message
-    reason = fields.get("Reason")
+        else:
+            slurm_state, slurm_source = fields.get("JobState"), "scontrol"
+            if not fields:
+                slurm_state, slurm_source = slurmcli.accounting_state(st["job_id"]), "sacct"
+                forgotten = slurm_state is None
+    status, reason, status_source = st["status"], st.get("reason"), "events"
+    blocker = next((i for i in reversed(earlier or []) if i["status"] in _ENDED_UNFINISHED), None)
+    if status in ("submitting", "submitted") and blocker is not None:
+        status, status_source = "will not run", "pipeline"
+        reason = f"will not run: stage {blocker['name']} {blocker['status']}"
+    elif status not in state.FINAL_STATUSES and status != "not submitted" and not slurm_error:
+        if forgotten:
+            status, status_source = "unknown", "scontrol"
+            reason = (
+                f"SLURM no longer knows job {st['job_id']} (it forgets ended jobs after "
+                f"MinJobAge) and the job booked no end; it was last {st['status']}"
+            )
+        elif slurm_state is not None and not slurmcli.is_active(slurm_state):
+            status, status_source = _UNBOOKED_END.get(slurm_state, "failed"), slurm_source
+            reason = (
+                f"SLURM ended job {st['job_id']} ({slurm_state}) and the job booked no end "
+                f"(scancel outside pt-slurm, a kill before the job could book); it was "
+                f"last {st['status']}"
+            )
+    slurm_reason = fields.get("Reason")
     result = None
-    if state.manifest_path(run_dir).exists() and st["status"] == "completed":
+    if state.manifest_path(run_dir).exists() and status == "completed":
         with contextlib.suppress(ValueError, KeyError, TypeError):
             result = json.loads(state.manifest_path(run_dir).read_text())["path"]
     return {
         "kind": "job",
         "path": run_dir,
         "job_id": st["job_id"],
-        "status": st["status"],
-        "slurm_state": fields.get("JobState"),
-        "slurm_reason": reason if reason not in (None, "None") else None,
+        "status": status,
+        "recorded_status": st["status"],
+        "slurm_state": slurm_state,
+        "slurm_reason": slurm_reason if slurm_reason not in (None, "None") else None,
         "slurm_error": slurm_error,
+        "slurm_forgot": forgotten,
         "stage": st.get("stage"),
         "requeues": st.get("requeues", 0),
         "max_requeues": st.get("max_requeues"),
         "failures": st.get("failures", 0),
         "max_failures": st.get("max_failures"),
-        "reason": st.get("reason"),
+        "reason": reason,
         "result": result,
         "last_metrics": last_metrics(run_dir),
+        "metrics_stale_minutes": stale_minutes(run_dir) if status == "running" else None,
+        "history": history(st),
+        "sources": {
+            "status": status_source,
+            "reason": status_source,
+            "slurm_state": slurm_source,
+            "slurm_reason": "scontrol" if fields else None,
+            "requeues": "events",
+            "failures": "events",
+            "history": "events",
+            "result": "manifest" if result else None,
+            "last_metrics": "metrics.jsonl",
+        },
     }
+
+
+def history(st: dict[str, Any]) -> list[dict[str, Any]]:
+    """One line per run of the job, as the job booked it: hangs the watchdog caught,
+    failures retried and why, requeues asked for (signal, exit 85) or done by SLURM."""
+    return [
+        {
+            "job_id": run.get("job_id"),
+            "restart": run.get("restart"),
+            "started_at": run.get("started_at"),
+            "ended_at": run.get("ended_at"),
+            "outcome": run.get("outcome") or "running",
+            "reason": run.get("reason"),
+        }
+        for run in st.get("runs", [])
+    ]
+
+
+STALE_METRICS_MINUTES = 5
+
+
+def stale_minutes(run_dir: Path) -> int | None:
+    """Minutes since metrics.jsonl last grew, when that is STALE_METRICS_MINUTES or more
+    (a running stage that logs nothing for so long may be hung)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    minutes = int((time.time() - path.stat().st_mtime) // 60)
+    return minutes if minutes >= STALE_METRICS_MINUTES else None
 
 
 def last_metrics(run_dir: Path) -> dict | None:
@@ -436,14 +525,30 @@ def follow_logs(
     out: TextIO | None = None,
     err: TextIO | None = None,
     poll_seconds: float = 1.0,
+    wait_seconds: float = 60.0,
 ) -> None:
     """Copy the job's stdout log to ``out`` and its stderr log to ``err``; with ``follow``,
-    keep copying until the run is over (a final status, or SLURM no longer runs the job)."""
+    keep copying until the run is over (a final status, or SLURM no longer runs the job).
+    A job that has not started, about which SLURM has not answered for ``wait_seconds``,
+    is given up on with an error."""
     out, err = out or sys.stdout, err or sys.stderr
     out_path, err_path = log_paths(run_dir, job_id)
     offsets = {out_path: 0, err_path: 0}
+    unanswered_since: float | None = None
     while True:
-        over = not follow or _job_over(run_dir)  # checked before reading: nothing is missed
+        try:
+            over = not follow or _job_over(run_dir)  # checked before reading: nothing is missed
+            unanswered_since = None
+        except slurmcli.SlurmUnavailable as exc:
+            over = False
+            unanswered_since = unanswered_since or time.monotonic()
+            waited = time.monotonic() - unanswered_since
+            if waited >= wait_seconds and not state.read_state(run_dir)["runs"]:
+                raise PtError(
+                    f"{run_dir}: the job has not started, and SLURM has not answered for "
+                    f"{waited:.0f} s ({exc.message}); stopped following",
+                    hint="follow it again once the controller answers (check with: squeue --me)",
+                ) from None
         for path, stream in ((out_path, out), (err_path, err)):
             if path.exists():
                 with open(path, encoding="utf-8", errors="replace") as fh:
@@ -459,16 +564,13 @@ def follow_logs(
 
 
 def _job_over(run_dir: str | Path) -> bool:
+    """Whether the run is over; raises :class:`slurmcli.SlurmUnavailable` when that turns
+    on SLURM and SLURM does not answer."""
     st = state.read_state(run_dir)
     if st["status"] in state.FINAL_STATUSES or st["job_id"] is None:
         return True
-    if not slurmcli.available():
-        return False
     # A job killed outright (SIGKILL, a dependency that failed) never books its end.
-    try:
-        return not slurmcli.is_active(slurmcli.job_fields(st["job_id"]).get("JobState"))
-    except slurmcli.SlurmUnavailable:
-        return False
+    return not slurmcli.is_active(slurmcli.job_fields(st["job_id"]).get("JobState"))
 
 
 def cancel(path: str | Path) -> dict[str, Any]:
@@ -478,13 +580,15 @@ def cancel(path: str | Path) -> dict[str, Any]:
     stages = pipeline_stages(path)
     if stages is None:
         return cancel_stage(path)
+    # The last stage first: cancelling a stage makes SLURM cancel the stages after it
+    # (their dependency can no longer be met) before pt-slurm could mark them.
     infos = [
         {"name": s["name"], **cancel_stage(Path(s["run_dir"]))}
         if state.events_path(s["run_dir"]).exists()
         else {"name": s["name"], "job_id": None, "status": "not submitted", "cancelled": False,
               "message": "nothing to cancel: not submitted"}
-        for s in stages
-    ]  # fmt: skip
+        for s in reversed(stages)
+    ][::-1]  # fmt: skip
     return {"kind": "job", "path": path, "job_id": infos[-1]["job_id"], "stages": infos}
 
 

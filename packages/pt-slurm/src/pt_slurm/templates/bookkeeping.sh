@@ -5,7 +5,7 @@
 # writes take ($PT_LOCK), and decides what the job does when its step has ended.
 #
 # Set by the job script: PT_EVENTS PT_LOCK MAX_FAILURES MAX_REQUEUES COMPLETION
-# PROGRESS_FILE REQUEUE_EXIT_CODE, and SLURM's SLURM_JOB_ID SLURM_RESTART_COUNT.
+# PROGRESS_FILE REQUEUE_EXIT_CODE HANG_EXIT_CODE, and SLURM's SLURM_JOB_ID SLURM_RESTART_COUNT.
 
 pt_now() {
     printf '%(%Y-%m-%dT%H:%M:%S%z)T' -1
@@ -86,7 +86,8 @@ pt_find_manifest() {
 
 # pt_decide: what to do now that the step (or the setup before it) has ended. Pure.
 #   in:  phase (setup|step) exit_code signals ("USR1,TERM") manifest_found (0|1)
-#        progress_at_start progress_now slurm_requeued (0|1) setup_line
+#        intent (the 85 or 86 a rank exited with, when the launcher exited otherwise)
+#        progress_at_start progress_now slurm_requeued (0|1) preempted (0|1) setup_line
 #        failures requeues cancelled (from pt_read_counts)
 #   out: action (done|requeue|slurm-requeue|stop) status reason failures requeues
 pt_decide() {
@@ -123,14 +124,30 @@ pt_decide() {
         fi
         return
     fi
-    if [ "$exit_code" -eq "$REQUEUE_EXIT_CODE" ] || [[ ,$signals, == *,USR1,* ]]; then
-        local asked="exit $exit_code"
+    local rank_exit=""
+    if [ -n "$intent" ] && [ "$intent" != "$exit_code" ]; then
+        rank_exit=" (a rank exited $intent)"
+    fi
+    if [ "$exit_code" -eq "$HANG_EXIT_CODE" ] || [ "$intent" = "$HANG_EXIT_CODE" ]; then
+        what="the hang watchdog ended the step: exit $exit_code$rank_exit"
+    elif [ "$exit_code" -eq "$REQUEUE_EXIT_CODE" ] || [ "$intent" = "$REQUEUE_EXIT_CODE" ] ||
+        [[ ,$signals, == *,USR1,* ]]; then
+        local asked="exit $exit_code$rank_exit"
         if [ "$phase" = setup ]; then
             asked="SIGUSR1 before the step started"
         elif [[ ,$signals, == *,USR1,* ]]; then
-            asked="SIGUSR1, exit $exit_code"
+            asked="SIGUSR1, exit $exit_code$rank_exit"
         fi
-        if [ -n "$PROGRESS_FILE" ] && [ "$progress_now" = "$progress_at_start" ]; then
+        if [ "$preempted" = 1 ]; then
+            # SLURM signalled the step of a job it preempts (PreemptMode=REQUEUE, within
+            # GraceTime): this requeue is the only one; SLURM's finds the job pending.
+            asked="preempted by SLURM, $asked"
+        fi
+        if [ -z "$PROGRESS_FILE" ]; then
+            # Nothing shows what a run saved (no slurm.progress): a requeue would start the
+            # stage over, so it is counted like a failure, whatever the stage's kind.
+            what="$asked without a progress file to show a saved step (set slurm.progress)"
+        elif [ "$progress_now" = "$progress_at_start" ]; then
             what="$asked without progress (${PROGRESS_FILE##*/} still ${progress_now:-absent})"
         elif [ "$requeues" -ge "$MAX_REQUEUES" ]; then
             action=stop status=failed
@@ -139,9 +156,7 @@ pt_decide() {
         else
             requeues=$((requeues + 1))
             action=requeue status=requeued
-            local saved=""
-            if [ -n "$PROGRESS_FILE" ]; then saved="${PROGRESS_FILE##*/} now ${progress_now:-absent}, "; fi
-            reason="$asked: ${saved}continuing (requeue $requeues of at most $MAX_REQUEUES)"
+            reason="$asked: ${PROGRESS_FILE##*/} now ${progress_now:-absent}, continuing (requeue $requeues of at most $MAX_REQUEUES)"
             return
         fi
     elif [ "$phase" = setup ]; then
