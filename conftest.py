@@ -123,3 +123,54 @@ def run_cli(*args, input=None, env=None, check=True, cwd=None, timeout=600):
 @pytest.fixture
 def cli():
     return run_cli
+
+
+class SmallDisk:
+    """A tmpfs of a few megabytes mounted at ``path``: :meth:`fill` takes every byte left,
+    :meth:`free` gives them back."""
+
+    def __init__(self, path):
+        self.path = path
+        self.filler = path / "filler"
+
+    def fill(self) -> None:
+        with open(self.filler, "ab", buffering=0) as fh:
+            for size in (1 << 20, 4096, 1):  # down to the last byte
+                try:
+                    while True:
+                        fh.write(b"\0" * size)
+                except OSError:
+                    pass
+
+    def free(self) -> None:
+        self.filler.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``make(megabytes) -> SmallDisk``: a tmpfs mounted under ``tmp_path`` and unmounted
+    after the test, to run out of space for real; skips where this process may not mount
+    one (not root, or a container that forbids it)."""
+    import shutil
+    import subprocess
+
+    mounted = []
+
+    def make(megabytes: int) -> SmallDisk:
+        point = tmp_path / f"disk{len(mounted)}"
+        point.mkdir()
+        if shutil.which("mount") is None:
+            pytest.skip("no mount command here")
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(point)],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        mounted.append(point)
+        return SmallDisk(point)
+
+    yield make
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], check=False)

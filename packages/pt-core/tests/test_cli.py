@@ -30,6 +30,13 @@ TOY = textwrap.dedent(
     @app.command()
     def other():
         pass
+    @app.command()
+    def broken():
+        {}["missing"]  # a bug: an exception pt does not expect
+    @app.command()
+    def failing():
+        from pt_core.errors import RunFailure
+        raise RunFailure("the grading workers fail to start")
     sys.argv[0] = "toy"  # what usage lines name the tool after
     make_main(app)()
     """
@@ -94,3 +101,23 @@ def test_a_boolean_word_among_overrides_is_told_that_flags_take_no_value():
     with pytest.raises(ConfigError) as err:
         apply_overrides({}, ["lr"])
     assert "key.path=value" in err.value.hint
+
+
+def test_a_run_failure_is_one_line_and_exit_3():
+    done = toy("failing")
+    assert done.returncode == 3
+    assert done.stderr.strip() == "error: the grading workers fail to start"
+
+
+def test_an_unexpected_exception_is_one_internal_error_line_and_exit_70(monkeypatch):
+    """A bug in pt reaches the user as one line saying so and how to see the traceback,
+    exit 70 (EX_SOFTWARE); with PT_TRACEBACK=1 the traceback is printed."""
+    monkeypatch.delenv("PT_TRACEBACK", raising=False)
+    done = toy("broken")
+    assert done.returncode == 70
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[0] == "error: internal error: KeyError: 'missing'"
+    assert "PT_TRACEBACK=1" in done.stderr
+    monkeypatch.setenv("PT_TRACEBACK", "1")
+    done = toy("broken")
+    assert done.returncode == 1 and "Traceback" in done.stderr and "KeyError" in done.stderr

@@ -41,7 +41,8 @@ def test_help_lists_every_tool_without_importing_one():
     assert proc.returncode == 0, proc.stderr
     *help_lines, imported = proc.stdout.splitlines()
     assert imported == "[]"
-    listed = [line.split()[1] for line in help_lines if line.startswith("│ ") and "  " in line]
+    commands = help_lines[help_lines.index("Commands:") + 1 :]
+    listed = [line.split()[0] for line in commands if line.startswith("  ") and line[2] != " "]
     for name in (*TOOLS, "env"):
         assert name in listed, proc.stdout
 
@@ -80,6 +81,25 @@ def test_env_reports_this_interpreter_its_packages_and_slurm(tmp_path):
             assert info["slurm"]["sinfo"] == ran.stdout.rstrip()
         else:
             assert info["slurm"]["error"].startswith(f"sinfo exited {ran.returncode}: ")
+
+
+def test_env_imports_no_heavy_library():
+    """`pt env` reads versions from metadata and devices from nvidia-smi: importing torch
+    (or transformers, which imports it) would cost seconds for figures it does not need."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from pt_core.umbrella import app
+        app(["env", "--json"], prog_name="pt", standalone_mode=False)
+        heavy = ("torch", "transformers", "deepspeed", "vllm", "numpy")
+        print(sorted({m.split(".")[0] for m in sys.modules} & set(heavy)))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    report, imported = proc.stdout.splitlines()
+    assert json.loads(report)["libraries"]["torch"] == importlib.metadata.version("torch")
+    assert imported == "[]"
 
 
 def test_env_finds_the_vllm_side_environment_and_prints_a_report(tmp_path):

@@ -9,10 +9,12 @@ wrong type, a missing argument) with exit code 2.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
 import typer
+from typer.core import TyperGroup
 
 from pt_core.errors import PtError
 from pt_core.log import console, setup_logging
@@ -32,16 +34,34 @@ def command_has_option(name: str) -> bool:
     return name in _running["options"]
 
 
+class CommandGroup(TyperGroup):
+    """A command with subcommands whose help lists each one with its first sentence whole,
+    wrapped to the terminal (click cuts it to one line with "...")."""
+
+    def format_commands(self, ctx: typer.Context, formatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=sys.maxsize)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 def new_typer(name: str, help: str, **settings) -> typer.Typer:
     """A Typer app with pt's conventions: -h/--help, help when given no arguments, and
-    errors left to :func:`make_main` (no pretty tracebacks)."""
+    errors left to :func:`make_main` (no pretty tracebacks). Help is click's plain text:
+    it wraps the descriptions to the terminal and gives an option name that does not fit
+    its own line, where rich's tables cut long names at 80 columns."""
     return typer.Typer(
         name=name,
         help=help,
         no_args_is_help=True,
+        rich_markup_mode=None,
         pretty_exceptions_enable=False,
         context_settings={"help_option_names": ["-h", "--help"]},
-        **settings,
+        **{"cls": CommandGroup, **settings},
     )
 
 
@@ -90,6 +110,10 @@ def _options_of(ctx: typer.Context) -> frozenset[str]:
     return frozenset(o for p in command.params for o in (*p.opts, *p.secondary_opts))
 
 
+# sysexits' EX_SOFTWARE: an exception pt did not expect (a bug), not the user's input.
+INTERNAL_ERROR_EXIT_CODE = 70
+
+
 def make_main(app: typer.Typer) -> Callable[[], None]:
     def main() -> None:
         setup_logging()
@@ -114,13 +138,35 @@ def make_main(app: typer.Typer) -> Callable[[], None]:
             # that typer bundles.
             report_usage_error(exc)
             sys.exit(exc.exit_code)
+        except Exception as exc:  # a bug in pt: said in one line, the traceback on request
+            if os.environ.get("PT_TRACEBACK") == "1":
+                raise
+            report_error(
+                PtError(
+                    f"internal error: {type(exc).__name__}: {exc}",
+                    hint="this is a bug in pt; run again with PT_TRACEBACK=1 to see where, "
+                    "and report it",
+                )
+            )
+            sys.exit(INTERNAL_ERROR_EXIT_CODE)
 
     return main
 
 
 def report_error(exc: PtError) -> None:
+    """One ``error:`` line (and a ``fix:`` line). In a job of several ranks, a config or
+    input error is the same on every rank and is printed by rank 0 alone; any other is
+    printed by the rank it happened on, which it names."""
     from rich.text import Text
 
+    from pt_core.errors import ConfigError, InputError
+    from pt_core.log import current_rank
+
+    rank = current_rank()
+    if rank and isinstance(exc, ConfigError | InputError):
+        return
+    if rank:
+        exc.message = f"[rank {rank}] {exc.message}"
     console.print(
         Text.assemble(("error: ", "bold red"), exc.message), highlight=False, soft_wrap=True
     )

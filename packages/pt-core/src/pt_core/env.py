@@ -1,7 +1,7 @@
 """`pt env`: what a bug report needs about this environment.
 
-Versions come from the installed distributions' metadata, so nothing heavy is imported
-for them; torch is imported only to list CUDA devices (nvidia-smi when torch is absent).
+Versions come from the installed distributions' metadata and devices from nvidia-smi, so
+nothing heavy is imported (torch alone takes seconds to import).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 LIBRARIES = ("torch", "transformers", "deepspeed", "vllm")
 PT_PACKAGES = ("pt-core", "pt-data", "pt-train", "pt-rollout", "pt-eval", "pt-slurm")
 COMMAND_TIMEOUT_S = 5.0
+NVIDIA_DRIVER = Path("/proc/driver/nvidia")
 
 
 def environment() -> dict:
@@ -54,21 +55,20 @@ def _vllm_side_env() -> str | None:
 
 
 def devices() -> dict:
-    """CUDA devices as torch sees them (or nvidia-smi, without torch); else the CPU."""
+    """CUDA devices as nvidia-smi lists them; else the CPU. torch (seconds to import) is
+    asked only on a machine with the NVIDIA driver loaded but no nvidia-smi on PATH."""
     cpu = {"kind": "cpu", "count": 0, "names": [], "cpu_count": os.cpu_count()}
-    if importlib.util.find_spec("torch") is not None:
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        out = _run([smi, "--query-gpu=name", "--format=csv,noheader"])
+        names = [line.strip() for line in out.get("stdout", "").splitlines() if line.strip()]
+    elif NVIDIA_DRIVER.exists() and importlib.util.find_spec("torch") is not None:
         import torch
 
-        if not torch.cuda.is_available():
-            return cpu
-        count = torch.cuda.device_count()
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         names = [torch.cuda.get_device_name(i) for i in range(count)]
-        return {"kind": "cuda", "count": count, "names": names, "cpu_count": os.cpu_count()}
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return cpu
-    out = _run([smi, "--query-gpu=name", "--format=csv,noheader"])
-    names = [line.strip() for line in out.get("stdout", "").splitlines() if line.strip()]
+    else:
+        names = []
     if not names:
         return cpu
     return {"kind": "cuda", "count": len(names), "names": names, "cpu_count": os.cpu_count()}

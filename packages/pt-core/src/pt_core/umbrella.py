@@ -18,10 +18,9 @@ import importlib.metadata
 import sys
 
 import typer
-from typer.core import TyperGroup
 
 from pt_core import __version__
-from pt_core.cli import flag, make_main, new_typer, version_option
+from pt_core.cli import CommandGroup, flag, make_main, new_typer, version_option
 from pt_core.errors import PtError
 
 # subcommand -> (console script, what it does); the summaries keep `pt --help` from
@@ -70,7 +69,7 @@ def run_tool(tool: str, args: list[str]) -> None:
     tool_main()
 
 
-class _Tools(TyperGroup):
+class _Tools(CommandGroup):
     """pt's subcommands. Each tool is a pass-through command that hands its arguments to the
     tool; while a shell completes a command line, the tool's own commands and options stand
     in for it, imported then."""

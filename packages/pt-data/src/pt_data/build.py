@@ -25,7 +25,7 @@ from typing import Any
 
 from pt_core.chat import end_of_turn_ids, tokenizer_fingerprint
 from pt_core.config import config_hash
-from pt_core.errors import ConfigError, InputError
+from pt_core.errors import ConfigError, InputError, disk_full_as_error
 from pt_core.files import atomic_path, atomic_write_json
 from pt_core.log import get_logger, progress
 from pt_data import __version__
@@ -220,7 +220,11 @@ class Builder:
 
             encoder = ParallelEncoder(self.ct, cfg.num_proc)
         try:
-            with atomic_path(out_dir) as tmp, progress() as bar:
+            with (
+                disk_full_as_error(out_dir, kept="nothing written there"),
+                atomic_path(out_dir) as tmp,
+                progress() as bar,
+            ):
                 task = bar.add_task("building", total=None)
                 chunk: list[MixedRow] = []
                 n_chunk = 0
@@ -448,13 +452,32 @@ def build(
     out = Path(target)
     builder = Builder(cfg, skip_bad=skip_bad)
     info = builder.run(out)
+    read = sum(s["read"] for s in info["sources"].values())
+    dropped = info["dropped"]
     log.info(
-        "wrote %s (%s): %s",
+        "wrote %s (%s): %s; %d read, %s",
         out,
         info["format"],
         ", ".join(f"{k} {v} rows" for k, v in info["splits"].items()),
+        read,
+        dropped_summary(dropped, dedup=cfg.dedup) if dropped else "none dropped",
     )
     return manifest_fields(out, info)
+
+
+def dropped_summary(
+    dropped: dict[str, int], *, dedup: str = "prompt", keep: str = "data.dedup: none keeps them"
+) -> str:
+    """How many rows were dropped and why, e.g. ``9 dropped: 9 duplicate (a repeat of an
+    earlier prompt; data.dedup: none keeps them)``; ``keep`` says how to keep repeats."""
+    parts = []
+    for reason, count in sorted(dropped.items(), key=lambda item: -item[1]):
+        if reason == "duplicate":
+            seen = "prompt" if dedup == "prompt" else "row"
+            parts.append(f"{count} duplicate (a repeat of an earlier {seen}; {keep})")
+        else:
+            parts.append(f"{count} {reason}")
+    return f"{sum(dropped.values())} dropped: {', '.join(parts)}"
 
 
 def manifest_fields(out: Path, info: dict[str, Any]) -> dict[str, Any]:

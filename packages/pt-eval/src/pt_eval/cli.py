@@ -15,7 +15,7 @@ from pathlib import Path
 import typer
 
 from pt_core.cli import make_app, make_main
-from pt_core.errors import InputError
+from pt_core.errors import InputError, Interrupted, disk_full_as_error
 from pt_core.log import console
 from pt_core.manifest import emit_manifest, read_manifest
 from pt_eval import __version__
@@ -121,7 +121,13 @@ def grade(
         workers=workers, timeout=timeout, numeric_tolerance=numeric_tolerance,
         last_number=last_number, filter=filter_name,
     )  # fmt: skip
-    out_path, summary = grade_file(path, out, options)
+    try:
+        out_path, summary = grade_file(path, out, options)
+    except KeyboardInterrupt:
+        raise Interrupted(
+            "interrupted while grading: nothing written (the grades file is written whole, "
+            "at the end); run the same command again to grade from the start"
+        ) from None
     _print_summary(summary)
     emit_manifest("grades", out_path, **summary)
 
@@ -197,20 +203,39 @@ def run(
     numeric_tolerance: float = NUMERIC_TOLERANCE,
 ) -> None:
     """Generate n samples per benchmark problem with the standard math prompt, then grade."""
-    from pt_eval.run import run_benchmark
+    from pt_eval.run import default_out_dir, run_benchmark
 
     if engine not in ("auto", "vllm", "hf"):
         raise InputError(f"--engine {engine!r}: expected vllm, hf or auto")
     model_path = str(upstream_path(model, ("checkpoint",), "checkpoint")) if model == "-" else model
-    out_path, summary = run_benchmark(
-        model_path, benchmark, n=n, temperature=temperature, top_p=top_p,
-        max_tokens=max_tokens, engine=engine, seed=seed, limit=limit, out_dir=out,
-        tensor_parallel=tensor_parallel, data_parallel=data_parallel,
-        grade_options=GradeOptions(numeric_tolerance=numeric_tolerance),
-        benchmarks_dir=benchmarks_dir, prompt_key=prompt_key,
-    )  # fmt: skip
+    out_dir = out or default_out_dir(model_path, benchmark)
+    try:
+        with disk_full_as_error(out_dir):
+            out_path, summary = run_benchmark(
+                model_path, benchmark, n=n, temperature=temperature, top_p=top_p,
+                max_tokens=max_tokens, engine=engine, seed=seed, limit=limit, out_dir=out_dir,
+                tensor_parallel=tensor_parallel, data_parallel=data_parallel,
+                grade_options=GradeOptions(numeric_tolerance=numeric_tolerance),
+                benchmarks_dir=benchmarks_dir, prompt_key=prompt_key,
+            )  # fmt: skip
+    except KeyboardInterrupt:
+        raise _run_interrupted(out_dir) from None
     _print_summary(summary)
     emit_manifest("grades", out_path, **summary)
+
+
+def _run_interrupted(out_dir: Path) -> Interrupted:
+    """What Ctrl-C left of ``pt-eval run``'s outputs: the rollouts (kept, resumed by the same
+    command) and no grades (written whole, at the end)."""
+    rollouts = out_dir / "rollouts.jsonl"
+    if rollouts.exists():
+        return Interrupted(
+            f"interrupted while grading: the rollouts in {rollouts} are complete and kept, no "
+            "grades written; the same command grades them without generating again"
+        )
+    from pt_rollout.output import interrupted
+
+    return interrupted(rollouts)
 
 
 class _OneLineUsageErrors:

@@ -13,21 +13,17 @@ objects (``doc.answer``). The grades file is every input row plus ``extracted``,
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
-import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pt_core.errors import InputError
+from pt_core.errors import InputError, disk_full_as_error
 from pt_core.files import (
     atomic_path,
-    iter_rows,
-    json_array_rows,
-    row_files,
+    read_rows,
     split_path,
     write_rows,
 )
@@ -44,13 +40,14 @@ PRED_KEYS = ("completion", "prediction", "response", "code", "filtered_resps", "
 GOLD_KEYS = ("answer", "gold", "gt", "final_answer", "target")
 ID_KEYS = ("id", "idx", "unique_id", "problem_id", "question_id", "doc_id")
 FINISH_KEY = "finish_reason"
+# the other spelling (Anthropic, TGI, some vLLM dumps): "max_tokens"/"length" is cut off
+STOP_KEY = "stop_reason"
 # lm-evaluation-harness writes one row per (document, filter); a filter that finds nothing
 # leaves this in filtered_resps
 HARNESS_FILTER_KEY = "filter"
 HARNESS_NO_ANSWER = "[invalid]"
-TRUNCATED_REASONS = {"length", "max_tokens"}
+TRUNCATED_REASONS = {"length", "max_tokens", "max_length", "model_length", "MAX_TOKENS"}
 OUTPUT_SUFFIXES = (".jsonl", ".parquet", ".csv")
-INPUT_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 
 
 @dataclass
@@ -214,15 +211,28 @@ def select_filter(rows: list[dict], name: str, source: str) -> list[dict]:
 
 
 def _truncation(row: dict, count: int, where: str) -> list[bool | None]:
-    """Per sample: True when the row's finish_reason says the response was cut off."""
-    reason = row.get(FINISH_KEY)
+    """Per sample: True when the row's finish_reason (or stop_reason) says the response
+    was cut off, False when it says the response finished, None when the row does not say
+    (the response's text is then judged by how it ends)."""
+    key = FINISH_KEY if row.get(FINISH_KEY) is not None else STOP_KEY
+    reason = row.get(key)
     if reason is None:
         return [None] * count
-    if isinstance(reason, str):
-        return [reason in TRUNCATED_REASONS] * count
     if isinstance(reason, list) and len(reason) == count:
-        return [r in TRUNCATED_REASONS if isinstance(r, str) else None for r in reason]
-    raise InputError(f"{where}{FINISH_KEY!r} does not give one reason per sample")
+        return [_cut_off(r) for r in reason]
+    if not isinstance(reason, list):
+        return [_cut_off(reason)] * count
+    raise InputError(f"{where}{key!r} does not give one reason per sample")
+
+
+def _cut_off(reason) -> bool | None:
+    """A reason a generation ended: "length"/"max_tokens" cut it off; any other reason
+    (``stop``, ``end_turn``, vLLM's matched stop string or token id) finished it."""
+    if isinstance(reason, str):
+        return reason in TRUNCATED_REASONS
+    if isinstance(reason, int) and not isinstance(reason, bool):
+        return False
+    return None
 
 
 # --------------------------------------------------------------------------- grading
@@ -398,124 +408,10 @@ def _log_problems(results: list[dict], sampled: int, problems: int) -> None:
 
 
 def read_input_rows(path: str | os.PathLike) -> list[dict]:
-    """Rows of a jsonl/json/parquet/csv file, a directory of shards, or a dataset's split.
-
-    Text must be UTF-8: an undecodable byte or a lone surrogate is an input error naming
-    the file and line.
-    """
-    path = split_path(path)
-    if path.is_file() and path.suffix not in INPUT_SUFFIXES:
-        raise InputError(
-            f"{path}: unknown row file type '{path.suffix}'",
-            hint="use .jsonl, .json (an array of objects), .parquet or .csv",
-        )
-    if path.suffix == ".csv" and path.is_file():
-        files = [path]
-    elif path.is_dir() and any(f.suffix == ".csv" for f in path.iterdir()):
-        files = sorted(
-            f for f in path.iterdir() if f.suffix in INPUT_SUFFIXES and not f.name.startswith(".")
-        )
-    else:
-        files = row_files(path)  # jsonl, json and parquet files, or a directory of them
-    rows: list[dict] = []
-    for f in files:
-        if f.suffix == ".jsonl":
-            rows.extend(_jsonl_rows(f))
-        elif f.suffix == ".json":
-            rows.extend(_json_rows(f))
-        elif f.suffix == ".csv":
-            rows.extend(_csv_rows(f))
-        else:
-            rows.extend(iter_rows(f))
-    return rows
-
-
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-
-
-def _decode(data: bytes, where: str) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{where}: byte 0x{data[exc.start]:02x} at column {exc.start + 1} is not UTF-8",
-            hint="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
-        ) from None
-
-
-def _check_text(obj, where: str) -> None:
-    """Raise when a string holds a lone surrogate (JSON's \\ud800 with no partner)."""
-    if isinstance(obj, str):
-        try:
-            obj.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InputError(
-                f"{where}: a lone surrogate \\u{ord(obj[exc.start]):04x} is not text",
-                hint="fix the escape in the file: surrogates come in pairs",
-            ) from None
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            _check_text(value, where)
-    elif isinstance(obj, list):
-        for value in obj:
-            _check_text(value, where)
-
-
-def _jsonl_rows(f: Path) -> Iterator[dict]:
-    with open(f, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = _decode(raw, f"{f}:{lineno}")
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise InputError(
-                    f"{f}:{lineno}: malformed JSON line ({exc})", hint="fix or remove that line"
-                ) from None
-            if not isinstance(row, dict):
-                raise InputError(f"{f}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            if _SURROGATE_ESCAPE.search(line):
-                _check_text(row, f"{f}:{lineno}")
-            yield row
-
-
-def _json_rows(f: Path) -> list[dict]:
-    data = f.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        lineno = data.count(b"\n", 0, exc.start) + 1
-        raise InputError(
-            f"{f}:{lineno}: byte 0x{data[exc.start]:02x} is not UTF-8",
-            hint="re-encode the file as UTF-8",
-        ) from None
-    obj = json_array_rows(text, f)
-    if _SURROGATE_ESCAPE.search(text):
-        for index, row in enumerate(obj):
-            _check_text(row, f"{f}: element {index}")
-    return obj
-
-
-def _csv_rows(f: Path) -> list[dict]:
-    data = f.read_bytes()
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    rows = []
-    lines = data.splitlines(keepends=True)
-    text = "".join(_decode(line, f"{f}:{n}") for n, line in enumerate(lines, start=1))
-    try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        for row in reader:
-            if None in row:
-                raise InputError(
-                    f"{f}:{reader.line_num}: more cells than the header has columns",
-                    hint="quote cells that contain commas",
-                )
-            rows.append(dict(row))
-    except csv.Error as exc:
-        raise InputError(f"{f}: malformed CSV ({exc})") from None
-    return rows
+    """Rows of a jsonl/json/parquet/csv file, a directory of shards, or a dataset's split,
+    read by :func:`pt_core.files.read_rows` (UTF-8 text; an undecodable byte or a lone
+    surrogate is an input error naming the file and line)."""
+    return read_rows(split_path(path))
 
 
 def write_output(path: Path, rows: list[dict]) -> Path:
@@ -588,7 +484,8 @@ def grade_file(
     with GradingPool(options.workers, options.timeout, policy=options.policy) as pool:
         graded, summary = grade_rows(rows, options, source=str(path), pool=pool)
     try:
-        write_output(out_path, graded)
+        with disk_full_as_error(out_path, kept="no grades written"):
+            write_output(out_path, graded)
     except OSError as exc:
         raise InputError(f"{out_path}: could not write the grades ({exc})") from None
     summary["input"] = str(path.resolve())

@@ -8,18 +8,36 @@ including those of a finished ``<out>``. Finalising rewrites the rows in input o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from pt_core.errors import InputError
+from pt_core.errors import DiskFull, InputError, Interrupted, disk_full_as_error, is_disk_full
 from pt_core.files import JsonlAppender, iter_rows, write_rows
 
 
 def row_key(row_id, sample: int) -> tuple[str, int]:
     """A hashable key for (id, sample) that tells 1 and "1" apart."""
     return json.dumps(row_id, sort_keys=True, default=str), int(sample)
+
+
+def interrupted(out: str | os.PathLike) -> Interrupted:
+    """What Ctrl-C left of the output ``out``: the rows in its partial file, which the same
+    command resumes after (an interrupted batch's rows were never written)."""
+    partial = Path(out).with_name(Path(out).name + ".partial")  # JsonlAppender's
+    if not partial.exists():
+        return Interrupted(f"interrupted before any row was written to {out}")
+    return Interrupted(f"interrupted: {kept_rows(partial)}")
+
+
+def kept_rows(partial: Path) -> str:
+    """How many rows the partial file holds, which the same command resumes after: its
+    complete lines (a torn last one is dropped on reopening)."""
+    with open(partial, "rb") as fh:
+        kept = sum(1 for line in fh if line.endswith(b"\n") and line.strip())
+    return f"{kept} rows kept in {partial}; the same command resumes after them"
 
 
 class ResumableOutput:
@@ -47,7 +65,17 @@ class ResumableOutput:
 
     def write(self, rows: Iterable[dict]) -> None:
         rows = list(rows)
-        self._appender.write(rows)
+        partial = self._appender.partial
+        try:
+            self._appender.write(rows)
+        except OSError as exc:
+            if not is_disk_full(exc, partial):
+                raise
+            # Some of this batch may be lost (a torn last line is dropped on reopening);
+            # closing flushes what is left of it, which meets the full disk again.
+            with contextlib.suppress(OSError):
+                self._appender.close()
+            raise DiskFull(partial, kept=kept_rows(partial)) from exc
         self.done.update(row_key(r["id"], r["sample"]) for r in rows)
 
     def finalize(self, order: Callable[[dict], tuple]) -> int:
@@ -63,7 +91,8 @@ class ResumableOutput:
                 seen.add(key)
                 rows.append(row)
         rows.sort(key=order)
-        write_rows(self.path, rows)
+        with disk_full_as_error(self.path, kept=kept_rows(self._appender.partial)):
+            write_rows(self.path, rows)
         self._appender.partial.unlink(missing_ok=True)
         return len(rows)
 

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pt_core.errors import DiskFull, disk_full_as_error, is_disk_full
 from pt_core.files import atomic_path, atomic_write_json, atomic_write_text
 from pt_core.log import get_logger
 from pt_train.distributed import DistEnv, barrier
@@ -123,19 +124,40 @@ def save_full(
         tmp.mkdir(parents=True)
     barrier()
     write = background.queue if background is not None else _write_now
-    with _deepspeed_writes_through(engine, background):
-        save_engine(engine, tmp, write)
-    write(rng_state(), tmp / f"rng-rank{env.rank}.pt")
-    if env.is_main:
-        write(json.dumps({**trainer_state, "step": step}), tmp / "trainer_state.json", _write_text)
-    if background is not None:
-        background.start(step, tmp, final, keep, copy_s=time.perf_counter() - start)
-        return final
-    barrier()
-    if env.is_main:
-        _commit(tmp, final, keep)
+    try:
+        with _deepspeed_writes_through(engine, background):
+            save_engine(engine, tmp, write)
+        write(rng_state(), tmp / f"rng-rank{env.rank}.pt")
+        if env.is_main:
+            write(
+                json.dumps({**trainer_state, "step": step}), tmp / "trainer_state.json", _write_text
+            )
+        if background is not None:
+            background.start(step, tmp, final, keep, copy_s=time.perf_counter() - start)
+            return final
+        barrier()
+        if env.is_main:
+            _commit(tmp, final, keep)
+    except Exception as exc:
+        if not is_disk_full(exc, root):
+            raise
+        if env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise checkpoint_disk_full(tmp, final) from exc
     barrier()
     return final
+
+
+def checkpoint_disk_full(tmp: Path, final: Path) -> DiskFull:
+    """The error of a checkpoint save that ran out of space, its ``tmp`` directory removed:
+    where the run resumes (``latest`` was not moved)."""
+    latest = latest_checkpoint(final.parent.parent)
+    resume = (
+        f"the same command resumes from {latest.name}, the last complete checkpoint"
+        if latest is not None
+        else "no complete checkpoint yet: the same command starts the run afresh"
+    )
+    return DiskFull(final.parent, kept=f"{final.name} not saved ({tmp.name} removed); {resume}")
 
 
 def _commit(tmp: Path, final: Path, keep: int) -> None:
@@ -272,11 +294,17 @@ class BackgroundSaver:
                     self.stall("half_written", step)  # or after its first file
             (tmp / f".written-rank{rank}").touch()
         except BaseException as exc:
-            self._error = CheckpointWriteError(
-                f"rank {rank} could not write its part of checkpoint {final.name} in {tmp}: {exc!r}"
-            )
+            if is_disk_full(exc, tmp):
+                self._error = checkpoint_disk_full(tmp, final)
+            else:
+                self._error = CheckpointWriteError(
+                    f"rank {rank} could not write its part of checkpoint {final.name} in "
+                    f"{tmp}: {exc!r}"
+                )
             with contextlib.suppress(OSError):
                 (tmp / f".failed-rank{rank}").write_text(repr(exc))
+            if self.env.is_main and isinstance(self._error, DiskFull):
+                shutil.rmtree(tmp, ignore_errors=True)
             return
         if not self.env.is_main:
             return
@@ -469,7 +497,7 @@ def write_inference_checkpoint(
     tokenizer, generation config and ``pt_train.json``, written to a temporary directory
     and renamed into place. A LoRA model (a peft model; ``state_dict``, if given, its own)
     is written merged, with its adapter in ``adapter/``."""
-    with atomic_path(path) as tmp:
+    with disk_full_as_error(path, kept="nothing written there"), atomic_path(path) as tmp:
         tmp.mkdir()
         if is_lora(model):
             peft_state = state_dict if state_dict is not None else model.state_dict()

@@ -5,6 +5,7 @@
     pt-train check train.yaml launcher.nproc=2
     pt-train plot runs/sft-tiny
     pt-train plot runs/sft runs/dft --out compare.png --key loss --key grad_norm
+    pt-train push runs/sft-tiny --repo-id me/sft-tiny
 
 This module only parses arguments and calls library functions.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 import typer
 
 from pt_core.cli import flag, make_app, make_main, split_overrides
+from pt_core.errors import Interrupted, disk_full_as_error
 from pt_core.log import console
 from pt_core.manifest import emit_manifest, resolve_input
 from pt_train import __version__
@@ -49,6 +51,7 @@ def run(
     """Train (or resume) a run; print the final inference checkpoint's manifest.
 
     Exits 85 after saving a checkpoint when stopped by SIGTERM/SIGUSR1 (rerun to resume),
+    130 after saving one on Ctrl-C (a second Ctrl-C stops at once, without saving),
     86 when the hang watchdog (training.watchdog_minutes) ended it (stacks in RUN_DIR/hang/).
     """
     from pt_core.contracts import REQUEUE_EXIT_CODE
@@ -73,11 +76,17 @@ def run(
             sys.exit(code)
         return
 
+    from pt_train.signals import StopRequest
     from pt_train.trainer import train
 
-    with _stdout_to_stderr():
-        result = train(cfg, data_path=data_path, force_resume=force_resume)
+    try:
+        with _stdout_to_stderr(), disk_full_as_error(cfg.run_dir):
+            result = train(cfg, data_path=data_path, force_resume=force_resume)
+    except KeyboardInterrupt:
+        raise Interrupted(_resume_point(cfg.run_dir, "interrupted again, without saving")) from None
     if result.stopped:
+        if StopRequest.last is not None and StopRequest.last.interrupted:
+            raise Interrupted(_resume_point(cfg.run_dir, f"interrupted at step {result.step}"))
         sys.exit(REQUEUE_EXIT_CODE)
     env = launched_env()
     if env is None or env.rank == 0:
@@ -124,13 +133,15 @@ def check(
     cfg = load_train_config(config, split_overrides(overrides))
     world = cfg.launcher.nproc
     accum = batch_layout(cfg.training, world)
+    ds = deepspeed_config(cfg, accum, cfg.training.precision == "bf16")
     console.print_json(
         json.dumps(
             {
                 "config": config_to_dict(cfg),
                 "world_size": world,
                 "grad_accum": accum,
-                "deepspeed": deepspeed_config(cfg, accum, cfg.training.precision == "bf16"),
+                "gradient_clipping": _gradient_clipping(cfg, ds),
+                "deepspeed": ds,
             }
         )
     )
@@ -161,6 +172,48 @@ def plot(
 
     for path in plot_metrics(run_dirs, out, tuple(keys or DEFAULT_KEYS), smooth):
         console.print(f"wrote {path}")
+
+
+@app.command()
+def push(
+    run_dir: Path = typer.Argument(..., help="Run directory (with config.yaml and inference/)."),
+    repo_id: str = typer.Option(
+        None,
+        "--repo-id",
+        help="Also upload the checkpoint to this hub repository (NAMESPACE/NAME); needs the "
+        "network and a token (huggingface-cli login or HF_TOKEN).",
+    ),
+    private: bool = flag("--private", help="Create the hub repository private."),
+    checkpoint: Path = typer.Option(
+        None, "--checkpoint", help="Inference checkpoint (default: the run's last)."
+    ),
+) -> None:
+    """Write a Hugging Face model card (README.md: base model, data, objective, resolved
+    config, final metrics) into the run's inference checkpoint; upload it with --repo-id."""
+    from pt_train.push import push as push_run
+
+    card, url = push_run(run_dir, repo_id=repo_id, private=private, checkpoint=checkpoint)
+    console.print(f"wrote {card}" + (f"; uploaded to {url}" if url else ""))
+
+
+def _gradient_clipping(cfg, ds: dict) -> dict:
+    """The clipping that takes effect: at ZeRO stage 0 pt-train clips the gradient itself
+    (to report its norm) and DeepSpeed's ``gradient_clipping`` is 0; ZeRO stages clip their
+    own partitions."""
+    norm = cfg.training.max_grad_norm
+    if ds.get("gradient_clipping"):  # ZeRO 1-3, or set in deepspeed.raw
+        return {"max_norm": ds["gradient_clipping"], "by": "DeepSpeed"}
+    return {"max_norm": norm, "by": "pt-train" if norm > 0 else "off"}
+
+
+def _resume_point(run_dir: Path, what: str) -> str:
+    """``what`` happened; where the run goes on when the same command is run again."""
+    from pt_train.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        return f"{what}: no checkpoint saved yet; the same command starts the run afresh"
+    return f"{what}: the same command resumes the run from {latest}"
 
 
 def _frozen_hash(run_dir: Path) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 
 from pt_core.chat import resolve_template
 from pt_core.contracts import IGNORE_INDEX
-from pt_core.errors import InputError
+from pt_core.errors import ConfigError, InputError
 from pt_core.files import iter_rows, require_columns, split_path
 from pt_core.log import get_logger
 from pt_train.batch import Row
@@ -109,6 +109,11 @@ def load_pairs(
     if first is None:
         raise InputError(f"{source}: no rows", hint="point data.path at a non-empty dataset")
     if all(k in first for k in PAIR_COLUMNS):
+        if data.truncate:
+            raise ConfigError(
+                f"{source}: data.truncate has no effect on tokenized preference pairs (pt-data "
+                "cut or dropped them when it built them); remove it, or give untokenized rows"
+            )
         _warn_unused(data, "tokenized pairs", ("max_prompt_length", "max_completion_length"))
         pairs = [_tokenized_pair(r, source, i) for i, r in enumerate([first, *rows])]
         check_token_ids(
@@ -210,12 +215,18 @@ def _tokenized_row(row: dict, source, index: int) -> Row:
 
 
 def _tokenize_conversations(rows: list[dict], data: DataConfig, tokenizer) -> list[Row]:
+    """Conversations tokenized (and packed) as pt-data builds them, a repeated prompt
+    dropped as pt-data's default ``dedup: prompt`` drops it."""
+    from pt_data.build import dropped_summary
+    from pt_data.mix import prompt_key, stable_hash
     from pt_data.pack import pack_examples, single_rows
     from pt_data.tokenize import tokenize_conversation
 
     # load_rows reads data.path, so that is the file the rows come from
     source = split_path(data.path, data.split)
     examples = []
+    seen_prompts: set[bytes] = set()
+    repeats = 0
     for number, r in enumerate(rows, start=1):
         if "messages" not in r:
             raise InputError(
@@ -225,24 +236,32 @@ def _tokenize_conversations(rows: list[dict], data: DataConfig, tokenizer) -> li
                 "columns to messages with pt-data build (a transform) first",
             )
         try:
-            examples.append(
-                tokenize_conversation(
-                    tokenizer,
-                    r["messages"],
-                    max_seq_length=data.max_seq_length,
-                    train_on=data.train_on,
-                    truncate=data.truncate,
-                    tools=r.get("tools"),
-                )
+            example = tokenize_conversation(
+                tokenizer,
+                r["messages"],
+                max_seq_length=data.max_seq_length,
+                train_on=data.train_on,
+                truncate=data.truncate,
+                tools=r.get("tools"),
             )
         except InputError as exc:
             raise InputError(f"{source} row {number}: {exc.message}", hint=exc.hint) from None
+        digest = stable_hash(prompt_key(r, "conversations"))
+        if digest in seen_prompts:
+            repeats += 1
+            continue
+        seen_prompts.add(digest)
+        examples.append(example)
     packed = pack_examples(examples, data.max_seq_length) if data.packing else single_rows(examples)
+    dropped = {"duplicate": repeats} if repeats else {}
+    keep = "pt-data build with data.dedup: none keeps them"
     log.info(
-        "tokenized %d conversations into %d rows%s",
+        "tokenized %d conversations into %d rows%s; %d read, %s",
         len(examples),
         len(packed),
         " (packed)" if data.packing else "",
+        len(rows),
+        dropped_summary(dropped, keep=keep) if dropped else "none dropped",
     )
     return [_tokenized_row(r, "conversations", i) for i, r in enumerate(packed)]
 

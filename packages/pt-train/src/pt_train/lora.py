@@ -59,9 +59,13 @@ def apply_lora(model, lora_cfg, *, seed: int):
         lora_alpha=lora_cfg.alpha,
         lora_dropout=lora_cfg.dropout,
         target_modules=targets,
+        use_dora=lora_cfg.use_dora,
+        use_rslora=lora_cfg.use_rslora,
         task_type="CAUSAL_LM",
     )
     names = linear_names(model)
+    if targets != "all-linear":
+        check_target_names(model, targets)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         torch.manual_seed(seed)
         # peft asks the model about gradient checkpointing by a name transformers deprecates
@@ -84,7 +88,8 @@ def apply_lora(model, lora_cfg, *, seed: int):
     trained = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
     log.info(
-        "lora: r=%d alpha=%g on %d layers; %d of %d parameters train (%.3f%%)",
+        "lora%s: r=%d alpha=%g on %d layers; %d of %d parameters train (%.3f%%)",
+        "".join(f" ({k})" for k in ("use_dora", "use_rslora") if getattr(lora_cfg, k)),
         lora_cfg.r,
         lora_cfg.alpha,
         len(lora_layers(peft_model)),
@@ -107,6 +112,29 @@ def linear_names(model) -> list[str]:
             for name, m in model.named_modules()
             if isinstance(m, torch.nn.Linear)
         }
+    )
+
+
+def check_target_names(model, targets: list[str]) -> None:
+    """Refuse target names that match no module of ``model`` (as peft matches them: the
+    module's name, or its last dotted parts), naming the closest linear layers, rather than
+    put adapters on the other names only."""
+    import difflib
+
+    modules = [name for name, _ in model.named_modules() if name]
+    unmatched = [t for t in targets if not any(m == t or m.endswith("." + t) for m in modules)]
+    if not unmatched:
+        return
+    linear = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    closest = []
+    for target in unmatched:
+        depth = target.count(".") + 1
+        candidates = sorted({".".join(name.split(".")[-depth:]) for name in linear})
+        near = difflib.get_close_matches(target, candidates, n=2, cutoff=0.5)
+        closest.append(f"{target} -> {' or '.join(near)}" if near else f"{target} -> ?")
+    raise ConfigError(
+        f"model.lora.target_modules={unmatched!r} matches no layer of {type(model).__name__}",
+        hint=f"closest: {'; '.join(closest)} (its linear layers: {', '.join(linear_names(model))})",
     )
 
 
@@ -157,7 +185,8 @@ def merged_state_dict(peft_model, state: dict) -> dict:
     """The merged weights of a peft model's full state dict (``peft_model.state_dict()``, or
     the one gathered from ZeRO-3 partitions), under the base model's names:
     ``W + scaling * B @ A`` for every adapted layer (computed in fp32, stored in ``W``'s
-    dtype), every other tensor as it is, the adapters left out."""
+    dtype), with DoRA each row of it scaled to its magnitude ``m / ||W + scaling B A||``,
+    every other tensor as it is, the adapters left out."""
     adapter = peft_model.active_adapter
     layers = lora_layers(peft_model)
     out = {}
@@ -171,8 +200,15 @@ def merged_state_dict(peft_model, state: dict) -> dict:
             if param == "weight":
                 a = state[f"{PEFT_PREFIX}{owner}.lora_A.{adapter}.weight"].float()  # [r, in]
                 b = state[f"{PEFT_PREFIX}{owner}.lora_B.{adapter}.weight"].float()  # [out, r]
-                scaling = layers[owner].scaling[adapter]
-                value = (value.float() + scaling * (b @ a)).to(value.dtype)
+                scaling = layers[owner].scaling[adapter]  # alpha / r; rsLoRA: alpha / sqrt(r)
+                merged = value.float() + scaling * (b @ a)  # [out, in]
+                magnitude = state.get(
+                    f"{PEFT_PREFIX}{owner}.lora_magnitude_vector.{adapter}.weight"
+                )
+                if magnitude is not None:
+                    # DoRA: each output row rescaled to its trained magnitude
+                    merged = merged * (magnitude.float() / merged.norm(dim=1))[:, None]
+                value = merged.to(value.dtype)
         out[name] = value
     return out
 

@@ -1,4 +1,6 @@
-"""Step metrics: ``metrics.jsonl`` in the run directory, plus optional TensorBoard and W&B.
+"""Step metrics: ``metrics.jsonl`` in the run directory, plus optional TensorBoard, W&B
+and MLflow (``logging.*``), where evaluation metrics are ``eval/<name>`` and the rest
+``train/<name>``.
 
 One JSON object per logged step: step, loss, lr, grad_norm, tokens_per_s,
 tokens (this step, all ranks), trained_tokens (cumulative loss tokens),
@@ -16,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pt_core.errors import ConfigError, InputError
+from pt_core.errors import InputError
 from pt_core.files import atomic_write_text
 from pt_core.log import get_logger
 
@@ -62,36 +64,20 @@ class MetricsWriter:
     ):
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
-        self._tb = self._wandb = None
+        self._tb = self._wandb = self._mlflow = None
         if not enabled:
             return
         self._truncate_after(resume_step)
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        # pt_train.config checked that the packages of the loggers asked for are installed.
         if logging_cfg.tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError(
-                    "logging.tensorboard is on but the tensorboard package is not installed",
-                    hint="pip install tensorboard, or set logging.tensorboard=false",
-                ) from None
+            from torch.utils.tensorboard import SummaryWriter
+
             self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
         if logging_cfg.wandb:
-            try:
-                import wandb
-            except ImportError:
-                raise ConfigError(
-                    "logging.wandb is on but the wandb package is not installed",
-                    hint="pip install wandb, or set logging.wandb=false",
-                ) from None
-            self._wandb = wandb.init(
-                project=logging_cfg.wandb_project,
-                name=Path(run_dir).name,
-                dir=str(run_dir),
-                mode=logging_cfg.wandb_mode,
-                resume="allow",
-                id=wandb_run_id(run_dir),
-            )
+            self._wandb = _start_wandb(run_dir, logging_cfg)
+        if logging_cfg.mlflow:
+            self._mlflow = _start_mlflow(run_dir, logging_cfg)
 
     def _truncate_after(self, step: int) -> None:
         """Drop lines past the checkpoint a resumed run restarts from: those steps run again
@@ -107,12 +93,16 @@ class MetricsWriter:
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
         step = record["step"]
+        tagged = logger_tags(record)
         if self._tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, int | float):
-                    self._tb.add_scalar(f"train/{k}", v, step)
+            for k, v in tagged.items():
+                if isinstance(v, int | float):
+                    self._tb.add_scalar(k, v, step)
         if self._wandb is not None:
-            self._wandb.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=step)
+            self._wandb.log(tagged, step=step)
+        if self._mlflow is not None:
+            numbers = {k: float(v) for k, v in tagged.items() if isinstance(v, int | float)}
+            self._mlflow.log_metrics(numbers, step=step)
 
     def close(self) -> None:
         if not self.enabled:
@@ -122,6 +112,88 @@ class MetricsWriter:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+        if self._mlflow is not None:
+            self._mlflow.end_run()
+
+
+def logger_tags(record: dict) -> dict:
+    """A metrics record's values under the names TensorBoard, W&B and MLflow show them:
+    ``eval/<name>`` for the evaluation's (``eval_loss``, ``eval/<metric>``), ``train/<name>``
+    for the rest; the step is their x axis, not a value."""
+    tagged = {}
+    for key, value in record.items():
+        if key == "step":
+            continue
+        if key.startswith(("eval_", "eval/")):
+            tagged[f"eval/{key[5:]}"] = value
+        else:
+            tagged[f"train/{key}"] = value
+    return tagged
+
+
+def resolved_config(run_dir: Path) -> dict:
+    """The run's resolved config, as frozen in ``config.yaml`` (written before the loggers
+    start): the hyperparameters W&B and MLflow show beside the curves."""
+    import yaml
+
+    return yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+
+
+def _start_wandb(run_dir: Path, logging_cfg: LoggingConfig):
+    """A W&B run for ``run_dir`` (resumed with its own id), the resolved config as its
+    config. ``logging.wandb_mode`` applies when set; unset, W&B follows WANDB_MODE where the
+    user set it, and pt's default is offline."""
+    import os
+
+    import wandb
+
+    mode = logging_cfg.wandb_mode
+    if mode is None and "WANDB_MODE" not in os.environ:
+        mode = "offline"
+    return wandb.init(
+        project=logging_cfg.wandb_project,
+        name=Path(run_dir).name,
+        dir=str(run_dir),
+        mode=mode,
+        resume="allow",
+        id=wandb_run_id(run_dir),
+        config=resolved_config(run_dir),
+    )
+
+
+MLFLOW_ID_FILE = "mlflow_run_id"
+
+
+def _start_mlflow(run_dir: Path, logging_cfg: LoggingConfig):
+    """An MLflow run for ``run_dir`` in ``logging.mlflow_experiment``; a resumed run goes on
+    with the run id stored in ``<run_dir>/mlflow_run_id``. The resolved config is logged as
+    the run's parameters (dotted keys), once. Returns the ``mlflow`` module, whose active
+    run is this one."""
+    import mlflow
+
+    if logging_cfg.mlflow_tracking_uri is not None:
+        mlflow.set_tracking_uri(logging_cfg.mlflow_tracking_uri)
+    stored = Path(run_dir) / MLFLOW_ID_FILE
+    if stored.is_file():
+        mlflow.start_run(run_id=stored.read_text(encoding="utf-8").strip())
+        return mlflow
+    mlflow.set_experiment(logging_cfg.mlflow_experiment)
+    run = mlflow.start_run(run_name=Path(run_dir).name)
+    atomic_write_text(stored, run.info.run_id + "\n")
+    mlflow.log_params(flat_params(resolved_config(run_dir)))
+    return mlflow
+
+
+def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
+    """A nested config as MLflow parameters: dotted keys, values as text (MLflow keeps 6000
+    characters of each)."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            out.update(flat_params(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = json.dumps(value, default=str)[:6000]
+    return out
 
 
 WANDB_ID_FILE = "wandb_run_id"

@@ -1,0 +1,61 @@
+"""A full disk in `pt-train run`: one `error:` line naming the checkpoint directory and "no
+space left", exit 74 (pt_core.errors.DiskFull), the half-written `.tmp-step-N` removed, and
+`latest` still naming the last complete checkpoint, which the same command resumes from
+once there is room."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from pt_core.errors import DiskFull
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_checkpoint_save_that_runs_out_of_space_leaves_the_last_complete_one_to_resume(
+    tmp_path, small_disk, tiny_run_config, pt_train_run
+):
+    disk = small_disk(64)
+    with open(tmp_path / "rows.jsonl", "w") as fh:
+        for i in range(16):
+            ids = [5 + (i * 7 + j) % 250 for j in range(12 + i % 9)]
+            fh.write(json.dumps({"input_ids": ids, "labels": [-100] * 3 + ids[3:]}) + "\n")
+    # metrics are logged only at the end, so that the save is the first write to meet the
+    # full disk
+    config = tiny_run_config(
+        disk.path / "runs", tmp_path / "rows.jsonl", {"name": "sft"},
+        global_batch_size=4, micro_batch_size=4, max_steps=8, save_steps=2, logging_steps=100,
+    )  # fmt: skip
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+
+    # Before step 5 (0-based) the run waits 5 s: step-4 is saved, and the disk fills up
+    # before step-6's save.
+    run = pt_train_run(tmp_path / "train.yaml", "full", stall="at=step,step=5,seconds=5")
+    run.run_dir = disk.path / "runs" / "full"
+    deadline = time.monotonic() + 300
+    while "stalls 5 s at step 5" not in run.stderr():
+        assert run.proc.poll() is None and time.monotonic() < deadline, run.stderr()
+        time.sleep(0.05)
+    disk.fill()
+    code, out, err = run.finish()
+
+    checkpoints = run.run_dir / "checkpoints"
+    assert code == DiskFull.exit_code == 74, err
+    assert out == "" and "Traceback" not in err
+    assert err.count("error:") == 1
+    assert (
+        f"error: {checkpoints}: no space left on the device; step-6 not saved (.tmp-step-6 "
+        "removed); the same command resumes from step-4, the last complete checkpoint" in err
+    )
+    assert not list(checkpoints.glob(".tmp-*"))
+    assert (checkpoints / "latest").read_text().strip() == "step-4"
+
+    disk.free()
+    code, out, err = pt_train_run(tmp_path / "train.yaml", "full").finish()
+    assert code == 0, err
+    assert "resuming" in err and "(step 4)" in err
+    assert json.loads(out)["step"] == 8
