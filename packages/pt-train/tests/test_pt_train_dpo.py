@@ -711,9 +711,8 @@ def error_report(stderr: str) -> list[str]:
     return lines[starts[0] :]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD_INPUT))
-def test_bad_input_exits_2_with_one_clear_error(tmp_path, cli_workdir, case):
+def test_bad_input_exits_2_with_one_clear_error(tmp_path, cli_workdir, case, pt_train_in_process):
     """Each mistake is reported by `pt-train run` as one `error:` line (and at most one
     `fix:` line after it) that names what is wrong, exit code 2, no traceback."""
     change, make_data, words = BAD_INPUT[case]
@@ -723,7 +722,7 @@ def test_bad_input_exits_2_with_one_clear_error(tmp_path, cli_workdir, case):
     for section, value in change.items():
         config[section] = value if section == "objective" else {**config[section], **value}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
-    code, out, err = finish(pt_train("run", tmp_path / "bad.yaml"))
+    code, out, err = pt_train_in_process("run", tmp_path / "bad.yaml")
     assert code == 2, err
     assert out == "" and "Traceback" not in err
     report = error_report(err)
@@ -732,15 +731,14 @@ def test_bad_input_exits_2_with_one_clear_error(tmp_path, cli_workdir, case):
         assert word in " ".join(report), (word, report)
 
 
-@pytest.mark.slow
-def test_bad_data_leaves_no_run_directory(tmp_path, cli_workdir):
+def test_bad_data_leaves_no_run_directory(tmp_path, cli_workdir, pt_train_in_process):
     """Bad input writes nothing (the project's rule: no half-written outputs): a DPO run
     pointed at SFT rows stops with exit 2 before the run directory exists."""
     config = yaml.safe_load((cli_workdir / "dpo.yaml").read_text())
     config["output_dir"] = str(tmp_path / "runs")
     config["data"]["path"] = str(sft_rows_file(tmp_path))
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
-    code, _, err = finish(pt_train("run", tmp_path / "bad.yaml"))
+    code, _, err = pt_train_in_process("run", tmp_path / "bad.yaml")
     assert code == 2, err
     assert not (tmp_path / "runs").exists(), sorted(
         str(p.relative_to(tmp_path)) for p in (tmp_path / "runs").rglob("*")

@@ -45,6 +45,11 @@ def read_manifest(
     an upstream stage that printed something else first still pipes.
     """
     stream = stream or sys.stdin
+    if stream is None:  # the process was started with stdin closed
+        raise InputError(
+            "'-' means: read the upstream stage's manifest from stdin, but stdin is closed",
+            hint="pipe a stage into this one or pass a path instead of '-'",
+        )
     if stream.isatty():
         raise InputError(
             "'-' means: read the upstream stage's manifest from stdin, but stdin is a terminal",

@@ -194,6 +194,7 @@ def show(records: list[dict[str, Any]], tokenizer=None) -> None:
             body = Text(rec["text"])
         else:
             tok = rec.get("tokenizer") or tokenizer
+            assert tok is not None, "token rows are shown with the tokenizer that made them"
             ids, labels = rec["input_ids"], rec["labels"]
             trained = sum(1 for x in labels if x != IGNORE_INDEX)
             bos = tok.bos_token_id
@@ -247,7 +248,7 @@ def _pair_view(pair: dict, tok, title: str):
         if tok is not None:
             cells.append(masked_text(tok, side_ids, labels))
         else:  # pairs from rollouts: all tokens trained, shown as the sampled text
-            style = TRAINED_STYLE if trained == len(side_ids) else None
+            style = TRAINED_STYLE if trained == len(side_ids) else ""
             cells.append(Text(str(pair[side]), style=style))
     table.add_row(*cells)
     if ids:

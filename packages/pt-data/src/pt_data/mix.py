@@ -218,6 +218,7 @@ class Mixer:
                 if out is None:
                     stats.dropped["transform"] += 1
                     continue
+                assert self.kind is not None  # _apply set it from the first row's transform
                 reason = filter_reason(out, self.kind, cfg)
                 if reason is not None:
                     stats.dropped[reason] += 1

@@ -521,7 +521,7 @@ def _init_worker(fn, state) -> None:
     _worker = (fn, state)
 
 
-def _run_chunk(chunk: list):
+def _run_chunk(chunk: Sequence):
     assert _worker is not None
     fn, state = _worker
     return fn(state, chunk)

@@ -47,7 +47,7 @@ class SkipRow(Exception):  # noqa: N818 (a signal, not an error)
 @dataclass(frozen=True)
 class Transform:
     name: str
-    fn: Callable[..., dict | None]
+    fn: Callable[..., Any]  # a row -> the transformed row (a dict), or None to drop it
     kind: str | None  # None: inferred from the first row it returns
 
     def options_accepted(self) -> list[str]:
@@ -132,8 +132,9 @@ def infer_kind(row: dict) -> str:
 # --------------------------------------------------------------------------- helpers
 
 
-def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced."""
+def last_boxed(text: object) -> str | None:
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; None
+    where there is none (or ``text`` is not a string)."""
     if not isinstance(text, str):
         return None
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
@@ -301,7 +302,7 @@ def math(row: dict, instruction: str | None = MATH_INSTRUCTION, system: str | No
         {"role": "user", "content": _with_instruction(row["problem"], instruction)},
     ]
     msgs.append({"role": "assistant", "content": row["solution"]})
-    out = {"messages": msgs}
+    out: dict[str, Any] = {"messages": msgs}
     if answer is not None:
         out["answer"] = gold_text(answer)
     return _carry(row, out)
@@ -321,6 +322,7 @@ def preferences(row: dict) -> dict:
 
     out, reason = normalize_preference_row(row)
     if out is None:
+        assert reason is not None  # a row it cannot normalize comes with the reason
         raise SkipRow(reason)
     return out
 

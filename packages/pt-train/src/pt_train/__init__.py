@@ -1,3 +1,5 @@
 """pt_train."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version
+
+__version__ = version("pt-train")  # written once, in pyproject.toml

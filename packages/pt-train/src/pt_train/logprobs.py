@@ -145,7 +145,7 @@ def head_outputs(
     # takes part.
     for start in range(0, max(rows, 1), step):
         end = min(rows, start + step)
-        other = request.dense_hidden[start:end] if request.dense is not None else None
+        other = request.dense_hidden[start:end] if request.dense_hidden is not None else None
         args = (hidden[start:end], ids[start:end], other)
         fn = _ChunkFn(lm_head, request)
         out = checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args)
@@ -181,6 +181,7 @@ class _ChunkFn:
             with torch.no_grad():
                 entropy = -(logp.exp() * logp).sum(-1)
         if r.dense is not None:
+            assert r.dense_head is not None  # set with dense, as dense_hidden is
             with torch.no_grad():
                 other = r.dense_head(other_hidden).float()
                 if r.temperature != 1.0:
@@ -257,7 +258,8 @@ def decoder_trained_hidden(
     if groups is None or len(groups) == 1:
         hidden = decoder_hidden(decoder, input_ids, position_ids, attention_mask)
         return trained_hidden(hidden, targets)
-    per_row: list[torch.Tensor | None] = [None] * input_ids.shape[0]
+    assert row_lengths is not None and attention_mask is not None  # groups were made of them
+    per_row: dict[int, torch.Tensor] = {}  # row -> its trained positions' hidden states
     for rows in groups:
         n = max(row_lengths[i] for i in rows)
         index = torch.tensor(rows, device=input_ids.device)
@@ -270,7 +272,7 @@ def decoder_trained_hidden(
         group_targets = targets[index]
         for k, i in enumerate(rows):
             per_row[i] = hidden[k, : n - 1][group_targets[k, : n - 1] != IGNORE_INDEX]
-    out = torch.cat(per_row)
+    out = torch.cat([per_row[i] for i in range(input_ids.shape[0])])
     if out.shape[0] != int((targets != IGNORE_INDEX).sum()):
         raise ValueError("row_lengths: a row has trained positions past its length")
     return out

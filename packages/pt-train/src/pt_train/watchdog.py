@@ -68,9 +68,12 @@ class Watchdog:
     ):
         self.run_dir = Path(run_dir)
         self.rank = rank
-        self.window_s = None if minutes is None else minutes * 60.0
-        first = first_step_minutes if first_step_minutes is not None else minutes
-        self.first_window_s = None if minutes is None else max(first, minutes) * 60.0
+        self.window_s: float | None = None  # None: the watchdog is off
+        self.first_window_s: float | None = None
+        if minutes is not None:
+            self.window_s = minutes * 60.0
+            first = first_step_minutes if first_step_minutes is not None else minutes
+            self.first_window_s = max(first, minutes) * 60.0
         self.last_step: int | None = None  # the last step completed in this process
         self._deadline = math.inf
         self._lock = threading.Condition()
@@ -82,14 +85,14 @@ class Watchdog:
         return self.window_s is not None
 
     def __enter__(self) -> Watchdog:
-        if self.enabled:
+        if self.first_window_s is not None:  # enabled
             self._arm(self.first_window_s)
             self._thread = threading.Thread(target=self._run, name="pt-watchdog", daemon=True)
             self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        if not self.enabled:
+        if self._thread is None:  # not enabled
             return
         with self._lock:
             self._stopped = True
@@ -99,7 +102,7 @@ class Watchdog:
 
     def beat(self, step: int) -> None:
         """Optimizer step ``step`` (and the save after it) is done: a new window starts."""
-        if not self.enabled:
+        if self.window_s is None:  # not enabled
             return
         self.last_step = step
         self._arm(self.window_s)
