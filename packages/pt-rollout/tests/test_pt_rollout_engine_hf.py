@@ -172,6 +172,35 @@ def test_tiny_top_p_keeps_only_the_most_likely_token(engine):
     assert [c.token_ids for c in nucleus] == [c.token_ids for c in greedy]
 
 
+def test_top_k_one_is_greedy(engine):
+    # Only the most likely token survives top_k 1, whatever the temperature.
+    greedy = engine.generate([Request(p) for p in PROMPTS], SamplingParams(0, max_tokens=8))
+    top1 = engine.generate(
+        [Request(p, seed=3) for p in PROMPTS], SamplingParams(1.5, top_k=1, max_tokens=8)
+    )
+    assert [c.token_ids for c in top1] == [c.token_ids for c in greedy]
+
+
+def test_processed_logprobs_under_top_k_are_renormalised_over_the_k_tokens(engine, model):
+    """top_k 3 at temperature 0.8: every sampled token is among the 3 most likely, and its
+    processed log-prob is log softmax over those 3 of logits / 0.8, from a plain forward."""
+    params = SamplingParams(
+        temperature=0.8, top_k=3, max_tokens=6, logprobs=True, logprobs_mode="processed"
+    )
+    completions = engine.generate([Request(p, seed=4) for p in PROMPTS], params)
+    for prompt, c in zip(PROMPTS, completions, strict=True):
+        ids = torch.tensor([prompt + c.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0].float()
+        rows = logits[len(prompt) - 1 : len(prompt) + len(c.token_ids) - 1] / 0.8
+        kept, kept_ids = rows.topk(3, dim=-1)
+        sampled = torch.tensor(c.token_ids)
+        assert bool((kept_ids == sampled[:, None]).any(-1).all())
+        position = (kept_ids == sampled[:, None]).float().argmax(-1)
+        want = torch.log_softmax(kept, dim=-1).gather(-1, position[:, None])[:, 0]
+        assert c.logprobs == pytest.approx(want.tolist(), abs=1e-4)
+
+
 def test_stop_string_ends_the_completion(engine):
     free = engine.generate([Request(PROMPTS[0])], SamplingParams(0, max_tokens=16))[0]
     text = engine.tokenizer.decode(free.token_ids, skip_special_tokens=True)
@@ -221,8 +250,8 @@ def test_top_k_of_every_step_and_the_teachers_log_probs_of_them(engine, model):
 
 
 def test_engine_seeding_samples_a_batch_from_one_seeded_generator(tiny_model_dir):
-    """seeded=False: reproducible for the same engine seed and batch, and a valid sample."""
-    params = SamplingParams(temperature=1.0, max_tokens=6, seeded=False)
+    """seeding engine: reproducible for the same engine seed and batch, and a valid sample."""
+    params = SamplingParams(temperature=1.0, max_tokens=6, seeding="engine")
     a = HFEngine(str(tiny_model_dir), seed=11).generate([Request(p) for p in PROMPTS], params)
     b = HFEngine(str(tiny_model_dir), seed=11).generate([Request(p) for p in PROMPTS], params)
     assert [c.token_ids for c in a] == [c.token_ids for c in b]

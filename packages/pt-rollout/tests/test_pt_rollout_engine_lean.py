@@ -149,7 +149,7 @@ def requests():
 def test_the_engine_samples_what_it_samples_through_the_models_forward(params):
     model = build("llama", num_attention_heads=4, num_key_value_heads=2)
     lean = HFEngine(model, tokenizer=Tokenizer())
-    plain = HFEngine(model, tokenizer=Tokenizer(), lean=False)
+    plain = HFEngine(model, tokenizer=Tokenizer(), decoder="hf")
     assert lean._lean is not None and plain._lean is None
     got, want = lean.generate(requests(), params), plain.generate(requests(), params)
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
@@ -170,7 +170,7 @@ def test_weights_changed_in_place_between_calls_are_the_ones_decoded():
     # two generations must show in the second.
     model = build("llama")
     lean = HFEngine(model, tokenizer=Tokenizer())
-    plain = HFEngine(model, tokenizer=Tokenizer(), lean=False)
+    plain = HFEngine(model, tokenizer=Tokenizer(), decoder="hf")
     params = SamplingParams(temperature=0.0, max_tokens=12)
     before = [c.token_ids for c in lean.generate(requests(), params)]
     optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
@@ -212,3 +212,36 @@ def test_models_it_cannot_reproduce_keep_their_own_forward():
     assert engine._lean is None
     out = engine.generate(requests()[:2], SamplingParams(temperature=0.0, max_tokens=5))
     assert all(len(c.token_ids) == 5 for c in out)
+
+
+def test_the_decoder_switch_auto_is_lean_on_a_cpu():
+    """decoder auto: lean where per-operation overhead is the cost (this CPU); lean and hf
+    as asked; anything else is refused."""
+    model = build("llama")
+    assert HFEngine(model, tokenizer=Tokenizer())._lean is not None
+    assert HFEngine(model, tokenizer=Tokenizer(), decoder="lean")._lean is not None
+    assert HFEngine(model, tokenizer=Tokenizer(), decoder="hf")._lean is None
+    with pytest.raises(ValueError, match="decoder"):
+        HFEngine(model, tokenizer=Tokenizer(), decoder="fast")
+
+
+def test_a_renamed_transformers_attribute_falls_back_to_the_models_forward(caplog):
+    """The lean decoder reads transformers' module attributes; a release that renames one
+    (here RMSNorm's variance_epsilon) gets the model's forward and one log line."""
+    import logging
+
+    model = build("llama")
+    norm = model.model.layers[0].input_layernorm
+    norm.eps = norm.variance_epsilon
+    del norm.variance_epsilon
+    pt_logger = logging.getLogger("pt")  # a CLI run in this process may stop propagation
+    if not pt_logger.propagate:
+        pt_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("INFO", logger="pt"):
+            engine = HFEngine(model, tokenizer=Tokenizer(), decoder="lean")
+    finally:
+        pt_logger.removeHandler(caplog.handler)
+    assert engine._lean is None
+    lines = [r.getMessage() for r in caplog.records if "lean decoder" in r.getMessage()]
+    assert len(lines) == 1 and "variance_epsilon" in lines[0]

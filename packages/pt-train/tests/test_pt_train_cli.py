@@ -300,7 +300,8 @@ def test_one_rank_zero2_on_piped_conversations_writes_a_checkpoint_that_generate
 
 def test_a_loss_that_stays_nan_aborts_with_a_clear_message(workdir, tiny_model_dir, tmp_path):
     """A model whose output layer is NaN gives a NaN loss every step: each update is
-    skipped, and after max_consecutive_nan steps the run stops with exit code 2."""
+    skipped, and after max_consecutive_nan steps the run stops with exit code 3 (a run
+    failure: the input was valid)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -314,7 +315,7 @@ def test_a_loss_that_stays_nan_aborts_with_a_clear_message(workdir, tiny_model_d
     cfg["training"]["max_consecutive_nan"] = 3
     (tmp_path / "nan.yaml").write_text(yaml.safe_dump(cfg))
     code, out, err = finish(pt_train("run", tmp_path / "nan.yaml"))
-    assert code == 2
+    assert code == 3
     assert "NaN/inf for 3 steps in a row" in " ".join(err.split())
     assert err.count("update skipped") == 3
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pt_core.errors import ConfigError
-from pt_train.config import TrainConfig, batch_layout, changed_keys
+from pt_train.config import TrainConfig, batch_layout, resume_changed_keys
 from pt_train.schedule import lr_at
 from pt_train.trainer import deepspeed_config, total_steps_of
 
@@ -78,10 +78,10 @@ def test_offload_without_zero_is_rejected():
 def test_resume_check_ignores_save_and_log_frequencies_only():
     old = config(max_steps=5, save_steps=2).model_dump(mode="json")
     new = config(max_steps=5, save_steps=1, logging_steps=3).model_dump(mode="json")
-    assert changed_keys(old, new) == []
+    assert resume_changed_keys(old, new) == []
     new["training"]["learning_rate"] = 1.0
     new["launcher"]["nproc"] = 4
-    assert changed_keys(old, new) == ["training.learning_rate"]
+    assert resume_changed_keys(old, new) == ["training.learning_rate"]
 
 
 def test_warmup_then_cosine_to_the_floor():

@@ -248,7 +248,8 @@ def reference_sections(world: Path, objective: str) -> dict:
         "    return [sum(t % 2 == 0 for t in c) / max(len(c), 1) for c in ids]\n"
     )
     return {
-        "objective": {"name": "grpo", "beta": 0.5, "reward": {"function": "lora_reward:reward"}},
+        "objective": {"name": "grpo", "beta": 0.5},
+        "reward": {"function": "lora_reward:reward"},
         "rollout": {"prompts": str(world / "prompts.jsonl"), "samples_per_prompt": 4,
                     "max_tokens": 8},
     }  # fmt: skip

@@ -173,7 +173,8 @@ def test_grpo_rounds_from_a_vllm_generator_sample_the_policy(
         "run_name": "grpo",
         "output_dir": str(tmp_path / "runs"),
         "model": {"name_or_path": str(qwen2_model_dir)},
-        "objective": {"name": "grpo", "reward": {"function": "tokenreward:reward"}},
+        "objective": {"name": "grpo"},
+        "reward": {"function": "tokenreward:reward"},
         "rollout": {
             "prompts": str(prompts),
             "samples_per_prompt": 4,

@@ -17,13 +17,14 @@ from pt_train.objectives.opd import OPD
 from pt_train.producers.rollouts import RolloutSample, rollout_batch
 
 
-def load(objective: dict) -> TrainConfig:
+def load(objective: dict, **sections) -> TrainConfig:
     """The config as ``pt-train run``/``check`` validate it."""
     data = {
         "run_name": "r",
         "model": {"init": {"tokenizer": "tok"}},
         "objective": objective,
         "training": {"max_steps": 1},
+        **sections,
     }
     return validate(data, TrainConfig)
 
@@ -53,17 +54,20 @@ REFUSED = [
     ),
     ({"name": "dpo", "loss_type": "simpo", "reference": {"path": "ref/"}}, "objective.reference"),
     ({"name": "dpo", "loss_type": "sigmoid", "simpo_gamma": 1.0}, "objective.simpo_gamma=1.0"),
-    # GRPO: a reward function is the whole reward; beta 0 loads no reference
-    (
-        {"name": "grpo", "reward": {"function": "m:f", "format_reward": 0.5}},
-        "objective.reward.format_reward=0.5",
-    ),
-    (
-        {"name": "grpo", "reward": {"function": "m:f", "answer_key": "gold"}},
-        "objective.reward.answer_key=gold",
-    ),
+    # GRPO: beta 0 loads no reference
     ({"name": "grpo", "kl_estimator": "k1"}, "objective.kl_estimator"),
     ({"name": "grpo", "reference": {"path": "ref/"}}, "objective.reference"),
+    # GRPO: the nested keys of a part that is off
+    ({"name": "grpo", "overlong": {"penalty": 0.5}}, "objective.overlong.penalty=0.5"),
+    (
+        {"name": "grpo", "dynamic_sampling": {"max_tries": 5}},
+        "objective.dynamic_sampling.max_tries=5",
+    ),
+    # OPD: the teacher's dtype is read only where the teacher runs in-process
+    ({"name": "opd", "teacher": {"dtype": "bfloat16"}}, "objective.teacher.dtype=bfloat16"),
+    # ASFT: kl_coef 0 loads no anchor
+    ({"name": "asft", "kl_coef": 0.0, "kl_direction": "reverse"}, "objective.kl_direction"),
+    ({"name": "asft", "kl_coef": 0.0, "reference": {"path": "ref/"}}, "objective.reference"),
 ]
 
 
@@ -83,15 +87,60 @@ ACCEPTED = [
     {"name": "opd", "loss": "token_kl", "alpha": 0.5},  # the default: changes nothing
     {"name": "dpo", "loss_type": ["sigmoid", "simpo"], "reference": {"precompute": True}},
     {"name": "dpo", "loss_type": "simpo", "simpo_gamma": 1.0},
-    {"name": "grpo", "reward": {"format_reward": 0.5}},
-    {"name": "grpo", "reward": {"function": "m:f", "format_reward": 0.0}},
     {"name": "grpo", "beta": 0.1, "kl_estimator": "k1", "reference": {"path": "ref/"}},
+    {"name": "grpo", "overlong": {"buffer": 64, "penalty": 0.5}},
+    {"name": "grpo", "dynamic_sampling": {"enabled": True, "max_tries": 5}},
+    {"name": "opd", "support": "full", "teacher": {"path": "t/", "dtype": "bfloat16"}},
+    {"name": "asft", "kl_coef": 0.2, "kl_direction": "reverse", "reference": {"path": "ref/"}},
 ]
 
 
 @pytest.mark.parametrize("objective", ACCEPTED)
 def test_keys_that_take_effect_and_defaults_are_accepted(objective):
     load(objective)
+
+
+REWARD_REFUSED = [
+    # a reward function alone is the whole reward: nothing is graded
+    ("grpo", {"function": "m:f", "format_reward": 0.5}, "reward.format_reward=0.5"),
+    ("grpo", {"function": "m:f", "answer_key": "gold"}, "reward.answer_key=gold"),
+    ("grpo", {"function_weight": 0.5}, "reward.function_weight=0.5"),
+    # an objective that declares no reward reads no reward section
+    ("sft", {"format_reward": 0.5}, "reward.format_reward"),
+    ("opd", {"function": "m:f"}, "reward.function"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "reward", "key"), REWARD_REFUSED, ids=[k for *_, k in REWARD_REFUSED]
+)
+def test_a_reward_key_that_has_no_effect_is_refused_naming_it(name, reward, key):
+    with pytest.raises(ConfigError) as caught:
+        load({"name": name}, reward=reward)
+    assert caught.value.exit_code == 2
+    assert key in str(caught.value) and "no effect" in str(caught.value)
+
+
+REWARD_ACCEPTED = [
+    {"format_reward": 0.5},
+    {"function": "m:f", "format_reward": 0.0},  # the default: changes nothing
+    {"function": "m:f", "function_weight": 0.5, "format_reward": 0.2},  # a weighted mix
+]
+
+
+@pytest.mark.parametrize("reward", REWARD_ACCEPTED)
+def test_reward_keys_that_take_effect_are_accepted(reward):
+    given = load({"name": "grpo"}, reward=reward).reward.model_dump(exclude_defaults=True)
+    assert given == {k: v for k, v in reward.items() if v != 0.0}
+
+
+def test_the_old_place_of_the_reward_section_still_loads():
+    """``objective.reward`` (before rewards were the online loop's component) is the
+    ``reward`` section; both at once is an error."""
+    cfg = load({"name": "grpo", "reward": {"format_reward": 0.5}})
+    assert cfg.reward.format_reward == 0.5
+    with pytest.raises(ConfigError, match="both given"):
+        load({"name": "grpo", "reward": {"format_reward": 0.5}}, reward={"format_reward": 0.1})
 
 
 @pytest.mark.parametrize("name", ["opd", "dpo", "grpo"])
@@ -179,3 +228,50 @@ def test_teacher_path_other_than_the_scorer_of_piped_rollouts_is_refused_at_star
                 OPD(cfg.objective).configure(cfg)
         else:
             OPD(cfg.objective).configure(cfg)
+
+
+@pytest.mark.parametrize("sampling", [{"top_p": 0.9}, {"top_k": 20}])
+def test_grpo_refuses_sampling_whose_log_probs_the_trainer_does_not_compute(sampling):
+    """top_p / top_k reach the generator, and its processed log-probs are renormalised over
+    what they keep; the trainer's ratio would divide log-probs of another distribution."""
+    from pt_train.objectives import build_objective
+
+    cfg = validate(
+        {
+            "run_name": "r",
+            "model": {"init": {"tokenizer": "tok"}},
+            "objective": {"name": "grpo"},
+            "rollout": {"prompts": "p.jsonl", **sampling},
+            "training": {"max_steps": 1},
+        },
+        TrainConfig,
+    )
+    objective = build_objective(cfg.objective)
+    with pytest.raises(ConfigError, match="top_p=.* / top_k=") as caught:
+        objective.configure(cfg)
+    assert caught.value.exit_code == 2
+
+
+def test_truncate_on_tokenized_pairs_is_refused_at_start(tmp_path):
+    """Tokenized pairs were cut (or dropped) by pt-data when it built them: data.truncate
+    would change nothing, so loading them with it set stops the run with one line that
+    names the key; without it the pair loads."""
+    from pt_train.config import DataConfig
+    from pt_train.data import load_pairs
+
+    rows = tmp_path / "pairs.jsonl"
+    pair = {
+        "prompt_input_ids": [1, 2],
+        "chosen_input_ids": [3, 4],
+        "chosen_labels": [3, 4],
+        "rejected_input_ids": [5],
+        "rejected_labels": [5],
+    }
+    rows.write_text(json.dumps(pair) + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load_pairs(DataConfig(path=str(rows), truncate=True), rows, None, vocab_size=8)
+    assert caught.value.exit_code == 2
+    assert "data.truncate has no effect" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    pairs = load_pairs(DataConfig(path=str(rows)), rows, None, vocab_size=8)
+    assert [p.chosen.tolist() for p in pairs] == [[3, 4]]

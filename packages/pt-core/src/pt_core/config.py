@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import ErrorDetails
 
 from pt_core.errors import ConfigError
 from pt_core.files import atomic_write_text
@@ -188,7 +189,7 @@ def validate(
 
 
 def _describe(
-    err: dict, schema: type[BaseModel], data: dict, source: str, lines, overridden
+    err: ErrorDetails, schema: type[BaseModel], data: dict, source: str, lines, overridden
 ) -> str:
     raw = tuple(
         p
@@ -361,7 +362,31 @@ def config_hash(cfg: BaseModel | dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def freeze_config(cfg: BaseModel, run_dir: str | os.PathLike, name: str = "config.yaml") -> Path:
+def freeze_config(
+    cfg: BaseModel | dict, run_dir: str | os.PathLike, name: str = "config.yaml"
+) -> Path:
     """Write the final config (after overrides) into the run directory, atomically."""
-    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True)
+    data = config_to_dict(cfg) if isinstance(cfg, BaseModel) else cfg
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
     return atomic_write_text(Path(run_dir) / name, text)
+
+
+def changed_keys(
+    old: dict, new: dict, *, ignore: tuple[str, ...] = (), only_new: bool = False, prefix: str = ""
+) -> list[str]:
+    """The dotted keys whose values differ between two config dicts, sorted. ``ignore``:
+    dotted keys left out, with everything under them; ``only_new``: only ``new``'s keys are
+    compared, and one that ``old`` lacks differs (a stage writes its defaults into its own
+    frozen copy, so keys only ``old`` has do not count)."""
+    out = []
+    keys = set(new) if only_new else set(old) | set(new)
+    for key in sorted(keys, key=str):
+        dotted = f"{prefix}{key}"
+        if any(dotted == k or dotted.startswith(k + ".") for k in ignore):
+            continue
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_keys(a, b, ignore=ignore, only_new=only_new, prefix=dotted + ".")
+        elif a != b or (only_new and key not in old):
+            out.append(dotted)
+    return out

@@ -1,4 +1,8 @@
-"""Reading and writing row files (jsonl, json, parquet) and atomic outputs.
+"""Reading and writing row files (jsonl, json, parquet, csv) and atomic outputs.
+
+Every stage reads rows through :func:`iter_rows`, with one strictness: text is UTF-8
+(a byte that is not, or a lone surrogate escape, is an input error naming the file and
+line), a jsonl line is one JSON object, a csv row has no more cells than its header.
 
 Every output is first written under a temporary name in the destination's
 directory and renamed into place only when complete, so a crash never leaves a
@@ -8,8 +12,11 @@ half-written file that looks finished.
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -20,7 +27,7 @@ from typing import Any
 
 from pt_core.errors import InputError
 
-ROW_SUFFIXES = (".jsonl", ".json", ".parquet")
+ROW_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 
 
 # --------------------------------------------------------------------------- atomic
@@ -127,7 +134,7 @@ def row_files(path: str | os.PathLike) -> list[Path]:
         )
         if not shards:
             raise InputError(
-                f"{p}: directory holds no .jsonl, .json or .parquet files",
+                f"{p}: directory holds no .jsonl, .json, .parquet or .csv files",
                 hint="point at a data file or at a directory of shards",
             )
         return shards
@@ -136,7 +143,7 @@ def row_files(path: str | os.PathLike) -> list[Path]:
     if p.suffix not in ROW_SUFFIXES:
         raise InputError(
             f"{p}: unknown row file type '{p.suffix}'",
-            hint="use .jsonl, .json (an array of objects) or .parquet",
+            hint="use .jsonl, .json (an array of objects), .parquet or .csv",
         )
     return [p]
 
@@ -144,7 +151,7 @@ def row_files(path: str | os.PathLike) -> list[Path]:
 def iter_rows(
     path: str | os.PathLike, *, skip_bad: bool = False, bad_counter: list[int] | None = None
 ) -> Iterator[dict]:
-    """Stream rows from a jsonl/json/parquet file or a directory of shards.
+    """Stream rows from a jsonl/json/parquet/csv file or a directory of shards.
 
     A malformed jsonl line raises :class:`InputError` naming file and line, or,
     with ``skip_bad``, is skipped and counted in ``bad_counter[0]``.
@@ -154,6 +161,8 @@ def iter_rows(
             yield from _iter_jsonl(f, skip_bad, bad_counter)
         elif f.suffix == ".json":
             yield from _iter_json_array(f)
+        elif f.suffix == ".csv":
+            yield from _iter_csv(f)
         else:
             yield from _iter_parquet(f)
 
@@ -162,15 +171,49 @@ def read_rows(path: str | os.PathLike, *, skip_bad: bool = False) -> list[dict]:
     return list(iter_rows(path, skip_bad=skip_bad))
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _decode(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{where}: byte 0x{data[exc.start]:02x} at column {exc.start + 1} is not UTF-8",
+            hint="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+        ) from None
+
+
+def _check_text(obj, where: str) -> None:
+    """Raise when a string holds a lone surrogate (JSON's \\ud800 with no partner)."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InputError(
+                f"{where}: a lone surrogate \\u{ord(obj[exc.start]):04x} is not text",
+                hint="fix the escape in the file: surrogates come in pairs",
+            ) from None
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _check_text(value, where)
+    elif isinstance(obj, list):
+        for value in obj:
+            _check_text(value, where)
+
+
 def _iter_jsonl(f: Path, skip_bad: bool, bad_counter: list[int] | None) -> Iterator[dict]:
-    with open(f, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with open(f, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            line = _decode(raw, f"{f}:{lineno}")
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
                 if not isinstance(row, dict):
                     raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+                if _SURROGATE_ESCAPE.search(line):
+                    _check_text(row, f"{f}:{lineno}")
             except ValueError as exc:
                 if skip_bad:
                     if bad_counter is not None:
@@ -208,7 +251,40 @@ def json_array_rows(text: str, f: Path) -> list[dict]:
 
 
 def _iter_json_array(f: Path) -> Iterator[dict]:
-    yield from json_array_rows(f.read_text(encoding="utf-8"), f)
+    data = f.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        lineno = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(
+            f"{f}:{lineno}: byte 0x{data[exc.start]:02x} is not UTF-8",
+            hint="re-encode the file as UTF-8",
+        ) from None
+    rows = json_array_rows(text, f)
+    if _SURROGATE_ESCAPE.search(text):
+        for index, row in enumerate(rows):
+            _check_text(row, f"{f}: element {index}")
+    yield from rows
+
+
+def _iter_csv(f: Path) -> Iterator[dict]:
+    """A csv file with a header row (a UTF-8 byte-order mark is skipped); every cell is a
+    string."""
+    data = f.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    text = "".join(
+        _decode(line, f"{f}:{n}") for n, line in enumerate(data.splitlines(keepends=True), 1)
+    )
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        for row in reader:
+            if None in row:
+                raise InputError(
+                    f"{f}:{reader.line_num}: more cells than the header has columns",
+                    hint="quote cells that contain commas",
+                )
+            yield dict(row)
+    except csv.Error as exc:
+        raise InputError(f"{f}: malformed CSV ({exc})") from None
 
 
 def _iter_parquet(f: Path, batch_size: int = 1024) -> Iterator[dict]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 from rich.console import Console
@@ -20,7 +19,31 @@ from rich.progress import (
 console = Console(stderr=True)
 T = TypeVar("T")
 
-_state = {"quiet": False}
+_state = {"quiet": False, "rank": 0}
+
+
+class _FirstRankOnly(logging.Filter):
+    """In a job of several ranks, what every rank would say alike is said once: records
+    from ranks other than 0 pass only when logged with ``extra={"all_ranks": True}``
+    (what is particular to a rank), prefixed with the rank."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _state["rank"] == 0:
+            return True
+        if not getattr(record, "all_ranks", False):
+            return False
+        record.msg = f"[rank {_state['rank']}] {record.msg}"
+        return True
+
+
+def set_rank(rank: int) -> None:
+    """This process is rank ``rank`` of a job: from now on the ``pt`` loggers speak on
+    rank 0 only (see :class:`_FirstRankOnly`)."""
+    _state["rank"] = int(rank)
+
+
+def current_rank() -> int:
+    return _state["rank"]
 
 
 def setup_logging(*, quiet: bool = False, verbose: bool = False) -> None:
@@ -31,6 +54,7 @@ def setup_logging(*, quiet: bool = False, verbose: bool = False) -> None:
     root.handlers.clear()
     handler = RichHandler(console=console, show_path=verbose, show_time=False, markup=False)
     handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.addFilter(_FirstRankOnly())
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
@@ -39,10 +63,6 @@ def setup_logging(*, quiet: bool = False, verbose: bool = False) -> None:
 def get_logger(name: str) -> logging.Logger:
     """A logger under the ``pt`` hierarchy (``pt_data.build`` -> ``pt.data.build``)."""
     return logging.getLogger("pt." + name.removeprefix("pt_").replace("_", "."))
-
-
-def is_quiet() -> bool:
-    return _state["quiet"]
 
 
 def progress(*extra_columns, transient: bool = False, disable: bool = False) -> Progress:
@@ -60,15 +80,6 @@ def progress(*extra_columns, transient: bool = False, disable: bool = False) -> 
         transient=transient,
         disable=disable or _state["quiet"],
     )
-
-
-def track(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
-    """Iterate with a progress bar on stderr."""
-    with progress() as bar:
-        task = bar.add_task(description, total=total if total is not None else _len(items))
-        for item in items:
-            yield item
-            bar.advance(task)
 
 
 def _len(items) -> int | None:

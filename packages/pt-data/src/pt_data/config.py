@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pt_core.config import Section, config_hash, load_config
+from pt_core.config import Section, load_config
 from pt_core.errors import ConfigError
 
 FORMATS = ("tokenized", "conversations", "prompts", "preferences")
@@ -102,8 +102,8 @@ class TokenizerSpec(Section):
 
 class FilterSpec(Section):
     drop_empty_turns: bool = True
-    max_chars: int | None = Field(None, ge=1, description="drop rows whose text is longer")
-    min_assistant_chars: int = Field(0, ge=0)
+    max_chars: int | None = Field(default=None, ge=1, description="drop rows whose text is longer")
+    min_assistant_chars: int = Field(default=0, ge=0)
 
 
 class DataConfig(Section):
@@ -181,7 +181,3 @@ def load_data_config(path: str | os.PathLike, overrides: list[str] | None = None
             hint="put the datasets under a top-level 'data:' key (see docs/pt-data.md)",
         )
     return load_config(path, overrides, DataFile).data
-
-
-def data_config_hash(cfg: DataConfig) -> str:
-    return config_hash(cfg)

@@ -16,7 +16,6 @@ Resolution order for ``source``:
 
 from __future__ import annotations
 
-import csv
 import glob
 import os
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from pt_core.errors import InputError
 from pt_core.files import ROW_SUFFIXES, iter_rows
 from pt_data.config import DatasetSpec
 
-LOCAL_SUFFIXES = (*ROW_SUFFIXES, ".csv")
+LOCAL_SUFFIXES = ROW_SUFFIXES
 GLOB_CHARS = set("*?[")
 
 
@@ -54,10 +53,6 @@ def iter_source(
         if renames:
             row = {renames.get(k, k): v for k, v in row.items()}
         yield row
-
-
-def describe_source(spec: DatasetSpec) -> str:
-    return spec.source + (f" ({spec.subset})" if spec.subset else "")
 
 
 def _iter_raw(spec: DatasetSpec, *, skip_bad: bool, bad: BadRows) -> Iterator[dict]:
@@ -97,27 +92,13 @@ def _looks_like_path(source: str) -> bool:
 
 
 def _iter_file(path: Path, skip_bad: bool, bad: BadRows) -> Iterator[dict]:
-    if path.suffix == ".csv":
-        yield from _iter_csv(path)
-    elif path.suffix in ROW_SUFFIXES:
+    if path.suffix in ROW_SUFFIXES:
         yield from iter_rows(path, skip_bad=skip_bad, bad_counter=bad.counter)
     else:
         raise InputError(
             f"{path}: unknown data file type '{path.suffix}'",
             hint="use .jsonl, .json, .parquet or .csv",
         )
-
-
-def _iter_csv(path: Path) -> Iterator[dict]:
-    with open(path, encoding="utf-8", newline="") as fh:
-        reader = csv.DictReader(fh)
-        for row in reader:
-            if None in row:
-                raise InputError(
-                    f"{path}:{reader.line_num}: more fields than the header has columns",
-                    hint="quote fields that contain commas",
-                )
-            yield row
 
 
 def _iter_dir(path: Path, spec: DatasetSpec, skip_bad: bool, bad: BadRows) -> Iterator[dict]:
@@ -127,9 +108,10 @@ def _iter_dir(path: Path, spec: DatasetSpec, skip_bad: bool, bad: BadRows) -> It
         ds = load_from_disk(str(path))
         if isinstance(ds, DatasetDict):
             if spec.split not in ds:
+                splits = ", ".join(map(str, ds))
                 raise InputError(
-                    f"{path}: no split {spec.split!r}; it has {', '.join(ds)}",
-                    hint=f"set split: to one of {', '.join(ds)}",
+                    f"{path}: no split {spec.split!r}; it has {splits}",
+                    hint=f"set split: to one of {splits}",
                 )
             ds = ds[spec.split]
         yield from _iter_dataset(ds)

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pt_core.errors import RunFailure
 from pt_core.log import get_logger
 from pt_eval.item import prepare
 from pt_eval.policy import DEFAULT_POLICY, Policy
@@ -60,7 +61,7 @@ def default_workers() -> int:
     return max(1, min(cores, 4))
 
 
-class WorkerStartError(RuntimeError):
+class WorkerStartError(RunFailure):
     """Grading workers could not start (a broken installation, not a bad item)."""
 
 

@@ -3,6 +3,7 @@
     pt-rollout generate --model ckpt/ --prompts prompts.jsonl --n 8 --out rollouts.jsonl
     pt-rollout score --teacher big/ --rollouts - --top-k 8 --out scores.jsonl
     pt-train run train.yaml | pt-rollout generate --model - --prompts prompts.jsonl
+    pt-rollout chat runs/sft/inference/step-235
 
 This module only parses arguments and calls library functions.
 """
@@ -17,6 +18,7 @@ from pt_core.cli import flag, make_app, make_main
 from pt_core.manifest import emit_manifest
 from pt_rollout import __version__
 from pt_rollout.model_path import one_stdin_input, resolve_model
+from pt_rollout.output import interrupted
 
 app = make_app(
     "pt-rollout", "Generate rollouts and score them with a teacher (vLLM or HF).", __version__
@@ -48,7 +50,10 @@ def generate_cmd(
     ),
     n: int = typer.Option(8, "--n", help="Samples per prompt."),
     temperature: float = typer.Option(1.0, "--temperature", help="0 = greedy."),
-    top_p: float = typer.Option(1.0, "--top-p"),
+    top_p: float = typer.Option(
+        1.0, "--top-p", help="Sample from the most likely tokens holding this mass (1: all)."
+    ),
+    top_k: int = typer.Option(0, "--top-k", help="Sample from the k most likely tokens (0: all)."),
     max_tokens: int = typer.Option(1024, "--max-tokens", help="New tokens per completion."),
     stop: list[str] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed; each (id, sample) derives its own."),
@@ -68,13 +73,19 @@ def generate_cmd(
         "every step (for distillation over the student's top-k).",
     ),
     seeding: str = typer.Option(
-        "per-sample",
+        "per_sample",
         "--seeding",
-        help="per-sample: each (id, sample) has its own seed, whatever the batch (exact "
+        help="per_sample: each (id, sample) has its own seed, whatever the batch (exact "
         "resume); engine: one seed for the engine, faster sampling on GPUs, output depends "
         "on batching.",
     ),
     engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
+    decoder: str = typer.Option(
+        "auto",
+        "--decoder",
+        help="The HF engine's decoder: lean (Llama-family models as flat tensor operations), "
+        "hf (the model's forward), auto (lean on a CPU).",
+    ),
     no_template: bool = flag(
         "--no-template", help="Send string prompts as raw text, without the chat template."
     ),
@@ -117,13 +128,15 @@ def generate_cmd(
         n=n,
         temperature=temperature,
         top_p=top_p,
+        top_k=top_k,
         max_tokens=max_tokens,
         stop=list(stop or []),
         seed=seed,
         logprobs=logprobs,
         logprobs_mode=logprobs_mode,
         logprobs_top_k=logprobs_top_k,
-        seeded=_seeding(seeding),
+        seeding=_seeding(seeding),
+        decoder=decoder,
         engine=engine,
         template=not no_template,
         chat_template=chat_template,
@@ -139,7 +152,10 @@ def generate_cmd(
         gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len,
     )
-    summary = generate(model, prompts, out, options)
+    try:
+        summary = generate(model, prompts, out, options)
+    except KeyboardInterrupt:
+        raise interrupted(out) from None
     emit_manifest("rollouts", out, **summary)
 
 
@@ -162,7 +178,7 @@ def score_cmd(
         False,
         "--at-student-topk",
         help="Add teacher_student_topk_logprobs: the teacher's log-probs of the student's top-k "
-        "tokens (rollouts generated with --logprobs-top-k; HF engine).",
+        "tokens (HF engine; rollouts generated with --logprobs-top-k).",
     ),
     engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
     batch_size: int = typer.Option(256, "--batch-size", help="Rows per engine call."),
@@ -176,28 +192,73 @@ def score_cmd(
 
     one_stdin_input(teacher=teacher, rollouts=rollouts)
     teacher = resolve_model(teacher, option="--teacher")
-    summary = score(
-        teacher,
-        rollouts,
-        out,
-        top_k=top_k,
-        at_student_topk=at_student_topk,
-        engine=engine,
-        batch_size=batch_size,
-        dtype=dtype,
-        tensor_parallel=tensor_parallel,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_model_len=max_model_len,
-    )
+    try:
+        summary = score(
+            teacher,
+            rollouts,
+            out,
+            top_k=top_k,
+            at_student_topk=at_student_topk,
+            engine=engine,
+            batch_size=batch_size,
+            dtype=dtype,
+            tensor_parallel=tensor_parallel,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+        )
+    except KeyboardInterrupt:
+        raise interrupted(out) from None
     emit_manifest("scores", out, **summary)
 
 
-def _seeding(value: str) -> bool:
-    from pt_core.errors import ConfigError
+@app.command("chat")
+def chat_cmd(
+    model: str = typer.Argument(
+        ...,
+        metavar="MODEL|-",
+        help="Model directory (a run's inference/step-N), hub name, or - for the checkpoint "
+        "manifest piped in.",
+    ),
+    chat_template: str = typer.Option(
+        None,
+        "--chat-template",
+        help="NAME|FILE: chat in this template (chatml, plain, or a .jinja file) instead of "
+        "the model's own; its end-of-turn token ends a reply.",
+    ),
+    system: str = typer.Option(None, "--system", help="System prompt (/system TEXT changes it)."),
+    temperature: float = typer.Option(0.7, "--temperature", help="0 = greedy."),
+    top_p: float = typer.Option(
+        1.0, "--top-p", help="Sample from the most likely tokens holding this mass (1: all)."
+    ),
+    max_tokens: int = typer.Option(512, "--max-tokens", help="New tokens per reply."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed."),
+) -> None:
+    """Chat with a model in the terminal: /system TEXT, /reset, /exit."""
+    import sys
 
-    if value not in ("per-sample", "engine"):
-        raise ConfigError(f"--seeding {value!r}", hint="use per-sample or engine")
-    return value == "per-sample"
+    from pt_rollout.chat import Chat, attach_terminal, read_terminal, run_chat
+
+    model = resolve_model(model, option="MODEL")
+    attach_terminal()
+    chat = Chat(
+        model,
+        chat_template=chat_template,
+        system=system,
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
+    run_chat(chat, read_terminal, sys.stdout)
+
+
+def _seeding(value: str) -> str:
+    from pt_core.errors import ConfigError
+    from pt_core.sampling import SEEDING, seeding_value
+
+    if seeding_value(value) not in SEEDING:
+        raise ConfigError(f"--seeding {value!r}", hint="use per_sample or engine")
+    return seeding_value(value)
 
 
 main = make_main(app)

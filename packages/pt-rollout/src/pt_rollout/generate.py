@@ -33,13 +33,15 @@ class GenerateOptions:
     n: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     max_tokens: int = 1024
     stop: list[str] = field(default_factory=list)
     seed: int = 0
     logprobs: bool = False
     logprobs_mode: str = "raw"
     logprobs_top_k: int = 0
-    seeded: bool = True
+    seeding: str = "per_sample"
+    decoder: str = "auto"  # the HF engine's: auto (lean on a CPU) | lean | hf
     engine: str = "auto"
     template: bool = True
     chat_template: str | None = None  # a name, .jinja file or Jinja source; None: the model's
@@ -69,6 +71,14 @@ class GenerateOptions:
             )
         if self.chat_template is not None and Path(self.chat_template).is_file():
             self.chat_template = str(Path(self.chat_template).resolve())  # workers may cd
+        if self.decoder not in ("auto", "lean", "hf"):
+            raise ConfigError(f"--decoder {self.decoder!r}", hint="use auto, lean or hf")
+        if self.decoder != "auto" and self.engine == "vllm":
+            raise ConfigError(
+                f"--decoder {self.decoder} has no effect with --engine vllm: it is the HF "
+                "engine's decoder",
+                hint="drop --decoder, or use --engine hf",
+            )
         if self.data_parallel < 1 or self.tensor_parallel < 1:
             raise ConfigError("--data-parallel and --tensor-parallel must be >= 1")
         try:
@@ -80,13 +90,14 @@ class GenerateOptions:
         return SamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,
+            top_k=self.top_k,
             max_tokens=self.max_tokens,
             stop=tuple(self.stop),
             stop_token_ids=stop_token_ids,
             logprobs=self.logprobs,
             logprobs_mode=self.logprobs_mode,
             logprobs_top_k=self.logprobs_top_k,
-            seeded=self.seeded,
+            seeding=self.seeding,
         )
 
 
@@ -197,6 +208,7 @@ def _generate_pending(model, pending, output, options, meter, source) -> str:
             max_model_len=options.max_model_len,
             max_logprobs=max(20, options.logprobs_top_k),
             logprobs_mode=options.logprobs_mode,
+            hf_decoder=options.decoder,
         ) as engine,
         meter,
     ):

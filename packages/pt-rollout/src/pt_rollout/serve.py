@@ -60,6 +60,7 @@ def serve(args) -> None:
         max_model_len=args.max_model_len,
         max_logprobs=args.max_logprobs,
         logprobs_mode=args.logprobs_mode,
+        hf_decoder=args.decoder,
     )
     teacher = None
     if args.teacher:
@@ -134,6 +135,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-logprobs", type=int, default=20)
     parser.add_argument("--logprobs-mode", default="raw")
+    parser.add_argument("--decoder", default="auto")
     serve(parser.parse_args())
 
 
@@ -158,6 +160,7 @@ class RemoteGenerator:
         max_model_len: int | None = None,
         max_logprobs: int = 20,
         logprobs_mode: str = "raw",
+        decoder: str = "auto",
         start_timeout: float = 900.0,
     ):
         from multiprocessing.connection import Client
@@ -168,7 +171,7 @@ class RemoteGenerator:
         cmd = [python or sys.executable, "-m", "pt_rollout.serve", "--socket", address,
                "--model", str(model), "--engine", engine, "--dtype", dtype, "--seed", str(seed),
                "--version", str(version), "--max-logprobs", str(max_logprobs),
-               "--logprobs-mode", logprobs_mode]  # fmt: skip
+               "--logprobs-mode", logprobs_mode, "--decoder", decoder]  # fmt: skip
         if teacher:
             cmd += ["--teacher", str(teacher)]
             if teacher_engine:
@@ -269,12 +272,6 @@ class RemoteGenerator:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def completion_from_dict(d: dict):
-    from pt_rollout.engines import Completion
-
-    return Completion(**d)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,14 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pt_core.config import Section, load_config
+from pt_core.config import Section, changed_keys, load_config
 from pt_core.errors import ConfigError
 from pt_core.log import get_logger
+from pt_core.sampling import SamplingConfig
+from pt_train.alarms import Bound
 from pt_train.objectives import ObjectiveConfig
 from pt_train.objectives.sft import SFTConfig
+from pt_train.rewards import RewardConfig
 
 log = get_logger(__name__)
 
@@ -63,11 +66,46 @@ class LoraSection(Section):
     # adapters_off runs the policy with its adapters disabled (the starting weights, no
     # second model in memory); copy loads a second, frozen model.
     reference: Literal["adapters_off", "copy"] = "adapters_off"
+    # DoRA (Liu et al. 2024, arXiv:2402.09353): a trained magnitude per output row on top of
+    # the low-rank direction update.
+    use_dora: bool = False
+    # rsLoRA (Kalajdzievski 2023, arXiv:2312.03732): the update scaled by alpha / sqrt(r).
+    use_rslora: bool = False
+    # QLoRA (Dettmers et al. 2023, arXiv:2305.14314), a frozen base in 4-bit NF4 through
+    # bitsandbytes: refused, saying why (no bitsandbytes, no CUDA device, or, with both,
+    # that pt-train does not load a 4-bit base yet).
+    load_in_4bit: bool = False
 
     @field_validator("target_modules", mode="before")
     @classmethod
     def _one_name_is_a_list(cls, value):
         return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _no_four_bit_base(self):
+        """Checked with the config, before any work: why a 4-bit base cannot be had."""
+        if not self.load_in_4bit:
+            return self
+        import importlib.util
+
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise ValueError(
+                "load_in_4bit (QLoRA) needs the bitsandbytes package, which is not installed"
+                "\n  fix: pip install bitsandbytes on a machine with a CUDA GPU, or set "
+                "model.lora.load_in_4bit=false to train LoRA on the full-precision base"
+            )
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "load_in_4bit (QLoRA) needs a CUDA GPU: bitsandbytes' 4-bit layers do not "
+                "train on this CPU\n  fix: set model.lora.load_in_4bit=false to train LoRA on "
+                "the full-precision base, or run on a GPU"
+            )
+        raise ValueError(
+            "load_in_4bit (QLoRA): pt-train loads the base in full precision and does not "
+            "quantize it to 4 bits yet\n  fix: set model.lora.load_in_4bit=false"
+        )
 
 
 class ModelConfig(Section):
@@ -171,6 +209,9 @@ class TrainingConfig(Section):
     # The window of the first step, from the start (process group, model load, DeepSpeed
     # set-up, resume) to the end of step 1; watchdog_minutes where that is longer.
     watchdog_first_step_minutes: float = Field(30.0, gt=0)
+    # Bounds on logged figures that stop the run (pt_train.alarms), e.g.
+    # {rollout_kl: {above: 0.05}, entropy: {below: 0.05}}.
+    alarms: dict[str, Bound] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _one_length(self):
@@ -201,11 +242,12 @@ class DeepSpeedSection(Section):
         return self
 
 
-class RolloutConfig(Section):
-    """The online loop (OPD, GRPO): rounds of prompts -> samples from the current policy ->
-    teacher scores or rewards -> ``updates_per_round`` x ``epochs_per_round`` optimizer
-    steps -> new weights to the generator. Set ``prompts`` to turn it on; see
-    :mod:`pt_train.producers.online`."""
+class RolloutConfig(SamplingConfig):
+    """The online loop: rounds of prompts -> samples from the current policy (sampled as
+    :class:`pt_core.sampling.SamplingConfig` says: temperature, top_p, top_k, max_tokens,
+    seed, seeding) -> teacher scores or rewards -> ``updates_per_round`` x
+    ``epochs_per_round`` optimizer steps -> new weights to the generator. Set ``prompts``
+    to turn it on; see :mod:`pt_train.producers.online`."""
 
     prompts: str | None = None  # prompt rows: a file, a pt-data prompts dataset, or a pipe path
     split: str | None = None  # of a dataset directory (default: train)
@@ -219,14 +261,7 @@ class RolloutConfig(Section):
     # passes over a round's rows (PPO's epochs, TRL's num_iterations): a round trains
     # updates_per_round x epochs_per_round optimizer steps, each pass in the same order
     epochs_per_round: int = Field(1, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(256, ge=1)
     stop: list[str] = Field(default_factory=list)
-    seed: int = 0
-    # per_sample: every (round, prompt, sample) has its own seed (exact resume); engine: one
-    # seed, batched sampling (faster on GPUs; a resumed run samples differently).
-    seeding: Literal["per_sample", "engine"] = "per_sample"
     # sync: generate round k with the weights after round k-1 (staleness 0); step_off: round
     # k+N is generated while round k trains; async: the generator runs ahead as far as
     # max_staleness allows.
@@ -235,6 +270,9 @@ class RolloutConfig(Section):
     max_staleness: int = Field(1, ge=0)  # optimizer updates, async only
     stale: Literal["drop", "keep"] = "drop"  # async: a round older than the bound
     engine: Literal["hf", "vllm"] = "hf"
+    # the HF engine's decoder: lean (Llama-family models as flat tensor operations, the
+    # same logits to rounding), hf (the model's forward), auto (lean on a CPU only)
+    decoder: Literal["auto", "lean", "hf"] = "auto"
     # local: the HF engine generates with the policy being trained, in this process (sync
     # only, no weight copies); server: a generator process (pt_rollout.serve) that gets new
     # weights after each round.
@@ -245,6 +283,11 @@ class RolloutConfig(Section):
 
     @model_validator(mode="after")
     def _check(self):
+        if self.engine == "vllm" and self.decoder != "auto":
+            raise ValueError(
+                f"rollout.decoder={self.decoder} has no effect with rollout.engine=vllm: it is "
+                "the HF engine's decoder; remove it"
+            )
         if self.engine == "vllm" and self.generator == "local":
             raise ValueError(
                 "rollout.engine=vllm runs in a generator process: set rollout.generator=server "
@@ -258,13 +301,14 @@ class RolloutConfig(Section):
         return self
 
 
-class GenerateEvalConfig(Section):
-    """Greedy answers of the policy to a prompt set, graded by pt-eval (pt_train.evaluate)."""
+class GenerateEvalConfig(SamplingConfig):
+    """Answers of the policy to a prompt set (greedy by default; sampled as
+    :class:`pt_core.sampling.SamplingConfig` says), graded by pt-eval (pt_train.evaluate)."""
 
     prompts: str | None = None  # prompt rows with a gold answer column
     split: str | None = None  # of a dataset directory (default: test if present, else train)
     max_prompts: int = Field(200, ge=1)
-    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0)
     answer_key: str = "answer"
     template: bool = True
     system: str | None = None
@@ -285,11 +329,39 @@ class LauncherConfig(Section):
     master_port: int | None = None
 
 
+# The package each logger needs: (key, module to import, pip name).
+LOGGER_PACKAGES = (
+    ("tensorboard", "tensorboard", "tensorboard"),
+    ("wandb", "wandb", "wandb"),
+    ("mlflow", "mlflow", "mlflow"),
+)
+
+
 class LoggingConfig(Section):
+    """Where step metrics go besides ``metrics.jsonl`` (see :mod:`pt_train.metrics`)."""
+
     tensorboard: bool = False
     wandb: bool = False
     wandb_project: str = "pt"
-    wandb_mode: Literal["offline", "online"] = "offline"
+    # None: the WANDB_MODE environment variable where set, else offline.
+    wandb_mode: Literal["offline", "online", "disabled"] | None = None
+    mlflow: bool = False
+    # None: the MLFLOW_TRACKING_URI environment variable where set, else MLflow's default.
+    mlflow_tracking_uri: str | None = None
+    mlflow_experiment: str = "pt"
+
+    @model_validator(mode="after")
+    def _loggers_installed(self):
+        """Checked with the config, before any data is read or model loaded."""
+        import importlib.util
+
+        for key, module, package in LOGGER_PACKAGES:
+            if getattr(self, key) and importlib.util.find_spec(module) is None:
+                raise ValueError(
+                    f"logging.{key} is on but the {package} package is not installed"
+                    f"\n  fix: pip install {package}, or set logging.{key}=false"
+                )
+        return self
 
 
 class TrainConfig(Section):
@@ -301,6 +373,7 @@ class TrainConfig(Section):
     training: TrainingConfig
     deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -311,6 +384,21 @@ class TrainConfig(Section):
     def _training_loss_is_now_objective(cls, data):
         return migrate(data) if isinstance(data, dict) else data
 
+    @model_validator(mode="after")
+    def _reward_is_read(self):
+        """A ``reward:`` section set for an objective that declares no reward changes
+        nothing: refused."""
+        from pt_train.objectives import REGISTRY
+
+        given = self.reward.model_dump(exclude_defaults=True)
+        if given and not REGISTRY[self.objective.name][1].needs.reward:
+            key = next(iter(given))
+            raise ValueError(
+                f"reward.{key} has no effect: objective {self.objective.name} trains on no "
+                "reward; remove the reward section"
+            )
+        return self
+
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
@@ -318,7 +406,9 @@ class TrainConfig(Section):
 
 def migrate(data: dict, *, warn: bool = True) -> dict:
     """Configs written before objectives were sections: ``training.loss: dft`` is
-    ``objective: {name: dft}``. Both at once is an error."""
+    ``objective: {name: dft}``; before rewards were the online loop's component,
+    ``objective.reward`` was the ``reward`` section. Both at once is an error."""
+    data = _reward_section(data, warn)
     training = data.get("training")
     if not isinstance(training, dict) or "loss" not in training:
         return data
@@ -341,6 +431,25 @@ def migrate(data: dict, *, warn: bool = True) -> dict:
     return data
 
 
+def _reward_section(data: dict, warn: bool) -> dict:
+    objective = data.get("objective")
+    if not isinstance(objective, dict) or "reward" not in objective:
+        return data
+    if "reward" in data:
+        raise ConfigError(
+            "objective.reward and reward are both given; objective.reward is the old place "
+            "of the reward section",
+            hint="move its keys into reward: and remove objective.reward",
+        )
+    data = {**data, "objective": {k: v for k, v in objective.items() if k != "reward"}}
+    data["reward"] = objective["reward"]
+    if warn:
+        log.warning(
+            "objective.reward is now the top-level reward section; the old place still works"
+        )
+    return data
+
+
 def load_train_config(path, overrides: list[str] | None = None) -> TrainConfig:
     return load_config(path, overrides, TrainConfig)
 
@@ -358,6 +467,7 @@ RESUME_FREE_KEYS = (
     "training.async_save",
     "training.watchdog_minutes",
     "training.watchdog_first_step_minutes",
+    "training.alarms",
     "rollout.python",
     "eval",
     "rollout.gpu_memory_utilization",
@@ -369,19 +479,9 @@ RESUME_FREE_KEYS = (
 )
 
 
-def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two config dicts, free keys left out."""
-    out = []
-    for key in sorted(set(old) | set(new)):
-        dotted = f"{prefix}{key}"
-        if any(dotted == k or dotted.startswith(k + ".") for k in RESUME_FREE_KEYS):
-            continue
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += changed_keys(a, b, dotted + ".")
-        elif a != b:
-            out.append(dotted)
-    return out
+def resume_changed_keys(old: dict, new: dict) -> list[str]:
+    """The keys of a run's frozen config that a resumed run changes, free keys left out."""
+    return changed_keys(old, new, ignore=RESUME_FREE_KEYS)
 
 
 def batch_layout(training: TrainingConfig, world_size: int) -> int:

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 
 from pt_core.contracts import REQUEUE_EXIT_CODE
-from pt_core.log import get_logger
+from pt_core.log import get_logger, set_rank
 
 log = get_logger(__name__)
 
@@ -65,6 +65,7 @@ def init_distributed(backend: str) -> DistEnv:
             MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port())),
         )
         env = DistEnv(0, 1, 0)
+    set_rank(env.rank)  # the pt loggers speak on rank 0 only
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():

@@ -4,17 +4,18 @@
       steps: 50                 # every 50 optimizer steps, and after the last
       split: validation         # the held-out rows pt-data builds (validation_split > 0)
       max_rows: null
-      generate:                 # optional: greedy answers graded by pt-eval
+      generate:                 # optional: answers graded by pt-eval
         prompts: data/test-prompts
         max_prompts: 200
         max_tokens: 256
+        temperature: 0.0        # greedy; or sampled: top_p, top_k, seed, seeding as anywhere
 
 ``eval_loss`` is the objective's loss (and ``eval/<metric>`` its metrics: DPO's reward
 accuracy, say) over every held-out row, normalised as in training, without gradients, the
 rows shared between ranks. It needs rows of the kind the objective trains on (token rows,
 pairs); objectives that train on their own samples (opd, grpo) have none and log only the
 generation eval. ``eval_accuracy`` (and ``eval_no_answer``) are pt-eval's grades of the
-policy's greedy answers to the prompt set, generated in-process with the HF engine on
+policy's answers to the prompt set (greedy unless ``temperature`` > 0), generated in-process with the HF engine on
 rank 0 (the other ranks wait). Both are logged with the step in ``metrics.jsonl``.
 """
 
@@ -104,7 +105,7 @@ class Evaluator:
         from pt_eval.grade import GradeOptions, grade_rows
         from pt_rollout.engines import Request, SamplingParams
         from pt_rollout.engines.hf import HFEngine
-        from pt_rollout.generate import completion_text
+        from pt_rollout.generate import completion_text, sample_seed
         from pt_rollout.prompts import prompt_token_ids, prompts_path, read_prompts, stop_token_ids
 
         g = self.cfg.generate
@@ -133,14 +134,20 @@ class Evaluator:
             self._engine = HFEngine(model, tokenizer=trainer.tokenizer, device=str(device))
         source = trainer.cfg.model.name_or_path or trainer.cfg.model.tokenizer_path
         params = SamplingParams(
-            temperature=0.0,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            top_k=g.top_k,
             max_tokens=g.max_tokens,
+            seeding=g.seeding,
             stop_token_ids=stop_token_ids(source, trainer.tokenizer, template=g.template),
         )
+        requests = [
+            Request(i, sample_seed(g.seed, r.id, 0)) for r, i in zip(rows, ids, strict=True)
+        ]
         was_training = model.training
         model.eval()
         try:
-            completions = self._engine.generate([Request(i) for i in ids], params)
+            completions = self._engine.generate(requests, params)
         finally:
             model.train(was_training)
         graded, summary = grade_rows(
@@ -164,7 +171,7 @@ class Evaluator:
 
     def run(self) -> dict:
         out = {}
-        if self.trainer.objective.data in ("tokens", "pairs"):
+        if self.trainer.needs.data in ("tokens", "pairs"):
             out.update(self.held_out_loss())
         if self.cfg.generate.prompts is not None:
             out.update(self.generation_accuracy())

@@ -81,7 +81,7 @@ def precompute_pair_logps(
     fingerprint = pairs_fingerprint(pairs)
     final = root / "logps.npy"
     meta = root / "meta.json"
-    if final.exists() and env.is_main:
+    if final.exists():
         log.warning("%s holds reference log-probs of other data; computing them again", root)
     barrier()
     if env.is_main:
@@ -89,14 +89,13 @@ def precompute_pair_logps(
     barrier()
     chunks = [(s, min(len(pairs), s + CHUNK_PAIRS)) for s in range(0, len(pairs), CHUNK_PAIRS)]
     todo = [c for c in chunks if not _chunk_path(root, fingerprint, *c).exists()]
-    if env.is_main:
-        log.info(
-            "reference log-probs of %d pairs: %d of %d chunks to compute (in %s)",
-            len(pairs),
-            len(todo),
-            len(chunks),
-            root,
-        )
+    log.info(
+        "reference log-probs of %d pairs: %d of %d chunks to compute (in %s)",
+        len(pairs),
+        len(todo),
+        len(chunks),
+        root,
+    )
     bar = progress() if env.is_main else None
     if bar is not None:
         bar.start()

@@ -25,8 +25,10 @@ local ranks itself. Each optimizer step:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -36,12 +38,13 @@ import torch
 import yaml
 
 from pt_core.config import config_hash, config_to_dict, freeze_config
-from pt_core.errors import ConfigError, InputError, PtError
+from pt_core.errors import ConfigError, InputError, PtError, RunFailure
 from pt_core.log import get_logger, progress
 from pt_train import checkpoint as ckpt
+from pt_train.alarms import Alarms, AlarmTripped
 from pt_train.batch import Batch
 from pt_train.chat_format import run_chat_format
-from pt_train.config import TrainConfig, batch_layout, changed_keys, migrate
+from pt_train.config import TrainConfig, batch_layout, migrate, resume_changed_keys
 from pt_train.distributed import DistEnv, all_reduce, barrier, init_distributed, launched_env
 from pt_train.engine import PlainEngine, use_plain_engine
 from pt_train.fingerprint import check_data_fingerprint, data_fingerprint, write_data_fingerprint
@@ -49,7 +52,7 @@ from pt_train.logprobs import HeadRequest, install_token_head, other_model_hidde
 from pt_train.lora import AdaptersOff, hf_model, shares_reference
 from pt_train.metrics import MetricsWriter, peak_flops, peak_memory_gb, training_flops_per_token
 from pt_train.model import load_model, load_tokenizer
-from pt_train.objectives import Objective, build_objective
+from pt_train.objectives import REGISTRY, Needs, Objective, build_objective
 from pt_train.producers import Producer
 from pt_train.schedule import lr_at
 from pt_train.signals import NonFiniteLoss, StopRequest
@@ -60,7 +63,7 @@ log = get_logger(__name__)
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-class TrainingAborted(PtError):
+class TrainingAborted(RunFailure):
     """Training cannot go on (e.g. the loss stayed NaN/inf for too many steps)."""
 
 
@@ -149,19 +152,21 @@ class Trainer:
         self.chat_format = run_chat_format(cfg, self.tokenizer, announce=self.env.is_main)
         self.objective: Objective = build_objective(cfg.objective)
         self.objective.configure(cfg)
+        self.needs: Needs = self.objective.needs
         self.reference = None
         if producer is None and cfg.rollout.prompts is not None:
             producer = self._online_producer()
         self.producer = producer if producer is not None else self._fixed_producer()
         self.total_steps = total_steps_of(cfg, self.producer.num_rows, self.producer.num_tokens)
-        frozen = self.objective.frozen()
+        frozen = self.needs.frozen_model
         if frozen is not None and frozen.path is not None and self.env.is_main:
             from pt_train.model import check_same_tokenizer
 
-            what = "teacher" if self.objective.name == "opd" else "reference"
             # precomputed log-probs may be stored in the run: the model may be gone on resume
-            check_same_tokenizer(self.tokenizer, frozen.path, what, required=not frozen.precompute)
-        live_reference = self.objective.reference != "none" and not (frozen and frozen.precompute)
+            check_same_tokenizer(
+                self.tokenizer, frozen.path, self.needs.frozen_as, required=not frozen.precompute
+            )
+        live_reference = self.needs.frozen != "none" and not (frozen and frozen.precompute)
         # LoRA: the reference is the policy with its adapters off, once the engine holds it.
         adapters_off = live_reference and shares_reference(cfg.model.lora, frozen)
         if live_reference and not adapters_off:
@@ -169,8 +174,7 @@ class Trainer:
         self._write_run_dir()
         self._build_engine()
         if adapters_off:
-            if self.env.is_main:
-                log.info("frozen reference: the policy with its LoRA adapters disabled")
+            log.info("frozen reference: the policy with its LoRA adapters disabled")
             self.reference = AdaptersOff(self.engine.module)
         # resilience: full checkpoints written in the background (training.async_save)
         self.background = (
@@ -182,6 +186,7 @@ class Trainer:
         self.step = 0
         self.trained_tokens = 0
         self.nonfinite = NonFiniteLoss(cfg.training.max_consecutive_nan)
+        self.alarms = Alarms(cfg.training.alarms)
         latest = ckpt.latest_checkpoint(self.run_dir)
         if latest is not None:
             state = ckpt.load_full(self.engine, latest, self.env, self.zero_stage)
@@ -190,8 +195,7 @@ class Trainer:
             self.nonfinite.consecutive = state["consecutive_nonfinite"]
             self.objective.load_state_dict(state.get("objective", {}))
             self.producer.load_state_dict(state.get("producer", {}))
-            if self.env.is_main:
-                log.info("resuming %s from %s (step %d)", self.run_dir, latest.name, self.step)
+            log.info("resuming %s from %s (step %d)", self.run_dir, latest.name, self.step)
         self.evaluator = None
         if cfg.eval.steps:
             from pt_train.evaluate import Evaluator
@@ -226,7 +230,11 @@ class Trainer:
             fingerprint = None
         if frozen.exists() and ckpt.latest_checkpoint(self.run_dir) is not None:
             old = migrate(yaml.safe_load(frozen.read_text()) or {}, warn=False)
-            changed = changed_keys(old, config_to_dict(self.cfg))
+            # Keys added to pt since the run was frozen take their defaults there; a frozen
+            # key pt no longer has leaves the config as it is (and is reported changed).
+            with contextlib.suppress(ValueError, PtError):
+                old = config_to_dict(TrainConfig.model_validate(old))
+            changed = resume_changed_keys(old, config_to_dict(self.cfg))
             if changed and not force_resume:
                 raise ConfigError(
                     f"{self.run_dir} holds a run with a different config; changed keys: "
@@ -234,7 +242,7 @@ class Trainer:
                     hint="use a new run_name, restore those values, or pass --force-resume "
                     "to continue anyway with the new values",
                 )
-            if changed and self.env.is_main:
+            if changed:
                 log.warning("resuming with changed keys (forced): %s", ", ".join(changed))
             if fingerprint is not None:
                 check_data_fingerprint(self.run_dir, fingerprint, force_resume=force_resume)
@@ -261,11 +269,13 @@ class Trainer:
         """Rounds of generation from the policy itself (``rollout.prompts`` set)."""
         from pt_train.producers.online import OnlineProducer
 
-        if self.objective.data != "rollouts":
+        if self.needs.data != "rollouts":
+            online = [name for name, (_, cls) in REGISTRY.items() if cls.needs.data == "rollouts"]
             raise ConfigError(
                 f"rollout.prompts is set, but objective {self.cfg.objective.name!r} trains on "
                 "fixed data, not on samples from the policy",
-                hint="use objective.name=opd or grpo with rollout.prompts, or unset rollout.prompts",
+                hint=f"use objective.name={' or '.join(online)} with rollout.prompts, or unset "
+                "rollout.prompts",
             )
         rollout = self.cfg.rollout
         if self.zero_stage == 3 and (rollout.generator == "local" or rollout.schedule != "sync"):
@@ -287,7 +297,7 @@ class Trainer:
                     head=HeadRequest(
                         targets=batch.targets,
                         chunk_mb=self.cfg.training.logits_chunk_mb,
-                        temperature=self.objective.head(batch).get("temperature", 1.0),
+                        temperature=self.needs.temperature,
                         row_lengths=self.row_lengths(batch),
                     ),
                 )
@@ -322,13 +332,13 @@ class Trainer:
             "pad_token_id": self.tokenizer.pad_token_id,
             "attn_implementation": cfg.model.attn_implementation,
         }
-        if self.objective.data == "tokens":
+        if self.needs.data == "tokens":
             rows = load_rows(cfg.data, cfg.data.path, self.tokenizer, self._vocab_size())
             return rows_producer(rows, **common, **sampling)
-        if self.objective.data == "rollouts":
+        if self.needs.data == "rollouts":
             from pt_train.producers.rollouts import load_rollouts, rollouts_producer
 
-            samples = load_rollouts(cfg.data, cfg.data.path, self.objective.required_columns())
+            samples = load_rollouts(cfg.data, cfg.data.path, self.needs.columns)
             return rollouts_producer(
                 samples,
                 **common,
@@ -340,8 +350,8 @@ class Trainer:
         producer = pairs_producer(
             pairs, **common, max_seq_length=cfg.data.max_seq_length, **sampling
         )
-        reference_cfg = self.objective.frozen()
-        if self.objective.reference == "logps" and reference_cfg and reference_cfg.precompute:
+        reference_cfg = self.needs.frozen_model
+        if self.needs.frozen == "logps" and reference_cfg and reference_cfg.precompute:
             table = self._precomputed_reference(pairs, producer, "eval" if for_eval else None)
             producer = pairs_producer(
                 pairs,
@@ -369,13 +379,12 @@ class Trainer:
     def _load_reference(self):
         from pt_train.reference import load_frozen
 
-        reference_cfg = self.objective.frozen()
-        if self.env.is_main:
-            log.info(
-                "frozen %s model: %s",
-                "teacher" if self.objective.name == "opd" else "reference",
-                reference_cfg.path or "the policy's starting weights (a frozen copy)",
-            )
+        reference_cfg = self.needs.frozen_model
+        log.info(
+            "frozen %s model: %s",
+            self.needs.frozen_as,
+            reference_cfg.path or "the policy's starting weights (a frozen copy)",
+        )
         return load_frozen(
             self.cfg.model,
             reference_cfg,
@@ -393,13 +402,12 @@ class Trainer:
 
         from pt_train.reference import precompute_pair_logps, stored_pair_logps
 
-        reference_cfg = self.objective.frozen()
+        reference_cfg = self.needs.frozen_model
         source = reference_cfg.path or f"policy-start:{config_hash(self.cfg.model)}"
         root = self.run_dir / "reference" / (part or "")
         table = stored_pair_logps(root, pairs, source)
         if table is not None:
-            if self.env.is_main:
-                log.info("reference log-probs from %s/reference (not loading it)", self.run_dir)
+            log.info("reference log-probs from %s/reference (not loading it)", self.run_dir)
             return table
         model = self._load_reference()
         table = precompute_pair_logps(
@@ -420,7 +428,7 @@ class Trainer:
 
     def _build_engine(self) -> None:
         cfg = self.cfg
-        if cfg.model.fused_ops and not self.fused_ops and self.env.is_main:
+        if cfg.model.fused_ops and not self.fused_ops:
             log.info("model.fused_ops is not applied under ZeRO-3 (see pt_train.fused)")
         model = load_model(
             cfg.model,
@@ -477,11 +485,12 @@ class Trainer:
         request = HeadRequest(
             targets=batch.targets,
             chunk_mb=chunk_mb,
+            temperature=self.needs.temperature,
             row_lengths=self.row_lengths(batch),
             **self.objective.head(batch),
         )
         reference_out = None
-        if self.reference is not None and self.objective.reference == "logps":
+        if self.reference is not None and self.needs.frozen == "logps":
             if "ref_logps" not in batch.data:
                 with torch.no_grad():
                     reference_out = self.reference(
@@ -493,7 +502,7 @@ class Trainer:
                             row_lengths=self.row_lengths(batch),
                         ),
                     )
-        elif self.reference is not None and self.objective.reference == "dense":
+        elif self.reference is not None and self.needs.frozen == "dense":
             request.dense = self.objective.dense()
             request.dense_hidden = other_model_hidden(
                 self.reference, inputs, batch.targets, self.row_lengths(batch)
@@ -557,6 +566,17 @@ class Trainer:
         loss_sum_all, nonfinite, stop_all = reduced[:3]
         sums = {n: (reduced[3 + 2 * i], reduced[4 + 2 * i]) for i, n in enumerate(names)}
         finite = not nonfinite
+        if self.alarms.bounds:
+            figures = {n: t / c for n, (t, c) in sums.items() if c}
+            figures["loss"] = loss_sum_all / max(global_count, 1.0) if finite else float("nan")
+            try:
+                self.alarms.check(figures, step + 1, before_update=True)
+            except AlarmTripped:
+                self.engine.zero_grad()
+                if self.env.is_main:
+                    self.metrics.log({"step": step + 1, **figures, "skipped": True})
+                    self.metrics.close()
+                raise
 
         grad_norm = None
         if not finite:
@@ -653,21 +673,21 @@ class Trainer:
             if not path.exists():
                 path = self.save_inference()
             return TrainResult(self.run_dir, self.step, self.total_steps, path, False)
-        if self.env.is_main:
-            log.info(
-                "training %s (%s): %d rows, %d steps, global batch %d = micro %d x accum %d x ranks %d",
-                self.run_dir,
-                self.cfg.objective.name,
-                self.producer.num_rows,
-                self.total_steps,
-                t.global_batch_size,
-                t.micro_batch_size,
-                self.grad_accum,
-                self.env.world_size,
-            )
+        log.info(
+            "training %s (%s): %d rows, %d steps, global batch %d = micro %d x accum %d x ranks %d",
+            self.run_dir,
+            self.cfg.objective.name,
+            self.producer.num_rows,
+            self.total_steps,
+            t.global_batch_size,
+            t.micro_batch_size,
+            self.grad_accum,
+            self.env.world_size,
+        )
         self.engine.train()
         bar = progress() if self.env.is_main else None
         stopped = False
+        alarms_unchecked = bool(self.alarms.bounds)
         with bar or nullcontext():
             task = (
                 bar.add_task("train", total=self.total_steps, completed=self.step) if bar else None
@@ -677,7 +697,7 @@ class Trainer:
                 record = self.train_step(self.step, stop)
                 self.step += 1
                 stopped = record.pop("_stop")
-                if record["skipped"] and self.env.is_main:
+                if record["skipped"]:
                     log.warning("step %d: loss is NaN/inf; update skipped", self.step)
                 if self.nonfinite.update(not record["skipped"]):
                     raise TrainingAborted(
@@ -686,6 +706,12 @@ class Trainer:
                         hint="lower training.learning_rate, check the data for empty or broken "
                         "rows, or raise training.max_consecutive_nan",
                     )
+                self.alarms.check(record, self.step, before_update=False)
+                # every bounded figure is one the run logs (the online loop's round figures
+                # come with the first step of a round)
+                if alarms_unchecked and ("round" not in record or "completion_length" in record):
+                    self.alarms.check_known(record)
+                    alarms_unchecked = False
                 evaluated = self.evaluator is not None and self.evaluator.due(
                     self.step, self.total_steps
                 )
@@ -707,10 +733,10 @@ class Trainer:
             self.background.finish()  # the last checkpoint is complete before we return
         self.metrics.close()
         if stopped:
-            if self.env.is_main:
+            if not stop.interrupted:  # Ctrl-C: the CLI's own line says where it resumes
                 log.warning(
                     "stopped by signal %s at step %d; checkpoint saved, rerun to resume",
-                    stop.signum,
+                    signal.Signals(stop.signum).name,
                     self.step,
                 )
             return TrainResult(self.run_dir, self.step, self.total_steps, None, True)
@@ -752,7 +778,6 @@ def train(
                 return trainer.train(stop, watchdog)
             finally:
                 trainer.producer.close()
-                trainer.objective.close()
     finally:
         for key, value in saved.items():
             if value is None:

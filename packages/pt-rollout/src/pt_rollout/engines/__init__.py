@@ -38,7 +38,7 @@ def resolve_engine(name: str) -> str:
 
     if not vllm_available():
         return "hf"
-    from vllm.platforms import current_platform
+    from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
 
     # vLLM's "unspecified" platform means: no GPU and not the CPU build.
     return "hf" if current_platform.device_type in ("", None) else "vllm"
@@ -56,8 +56,10 @@ def load_engine(
     max_logprobs: int = 20,
     hf_batch_size: int = 64,
     logprobs_mode: str = "raw",
+    hf_decoder: str = "auto",
 ) -> Engine:
-    """Build an engine by name (``auto``, ``vllm`` or ``hf``) for the model at ``model``."""
+    """Build an engine by name (``auto``, ``vllm`` or ``hf``) for the model at ``model``;
+    ``hf_decoder`` is the HF engine's decoder (``auto``, ``lean``, ``hf``)."""
     name = resolve_engine(name)
     if name == "vllm":
         from pt_rollout.engines.vllm import VLLMEngine
@@ -79,4 +81,4 @@ def load_engine(
         )
     from pt_rollout.engines.hf import HFEngine
 
-    return HFEngine(model, dtype=dtype, max_batch_size=hf_batch_size, seed=seed)
+    return HFEngine(model, dtype=dtype, max_batch_size=hf_batch_size, seed=seed, decoder=hf_decoder)

@@ -10,6 +10,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pt_core.sampling import SEEDING
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -25,27 +27,36 @@ class SamplingParams:
     importance ratio needs. ``logprobs_top_k`` also records the k most likely tokens of the
     raw distribution at every step, and their log-probs.
 
-    ``seeded``: every request samples from its own generator seeded with its seed, so a
-    completion does not depend on its batch (exact resume); off, the engine samples a
-    batch at once from one generator seeded once (faster on GPUs, where per-request
-    generators make vLLM sample request by request), and completions depend on batching.
+    ``top_k`` (0: all tokens) then ``top_p`` truncate the distribution at temperature,
+    which is renormalised over what is kept (vLLM's order).
+
+    ``seeding`` (:mod:`pt_core.sampling`): ``per_sample``, every request samples from its
+    own generator seeded with its seed, so a completion does not depend on its batch
+    (exact resume); ``engine``, the engine samples a batch at once from one generator
+    seeded once (faster on GPUs, where per-request generators make vLLM sample request by
+    request), and completions depend on batching.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
     max_tokens: int = 1024
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = False
     logprobs_mode: str = "raw"
     logprobs_top_k: int = 0
-    seeded: bool = True
+    seeding: str = "per_sample"
 
     def __post_init__(self):
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: all tokens), got {self.top_k}")
+        if self.seeding not in SEEDING:
+            raise ValueError(f"seeding must be per_sample or engine, got {self.seeding!r}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.logprobs_mode not in ("raw", "processed"):
@@ -56,6 +67,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def per_sample(self) -> bool:
+        return self.seeding == "per_sample"
 
 
 @dataclass

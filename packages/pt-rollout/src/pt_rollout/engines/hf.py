@@ -12,12 +12,17 @@ of completion positions.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Sequence
+from typing import Any
 
 from pt_core.log import get_logger
 from pt_rollout.engines.base import Completion, Engine, Request, SamplingParams, TokenScores
 
 log = get_logger(__name__)
+
+
+DECODERS = ("auto", "lean", "hf")
 
 
 class HFEngine(Engine):
@@ -34,12 +39,14 @@ class HFEngine(Engine):
         logits_budget_mb: int = 1024,
         tokenizer=None,
         seed: int = 0,
-        lean: bool = True,
+        decoder: str = "auto",
     ):
         """``model``: a checkpoint directory (or hub name), or a loaded causal LM to generate
         with as it is (e.g. the model being trained: its weights are live, nothing is copied);
-        then ``tokenizer`` is needed too. ``lean``: decode with :mod:`.lean` where it takes
-        the model (the same logits, fewer operations per token), else the model's forward."""
+        then ``tokenizer`` is needed too. ``decoder``: ``lean`` decodes with :mod:`.lean`
+        where it takes the model (the same logits to rounding, fewer operations per token),
+        ``hf`` with the model's forward, ``auto`` lean on a CPU only (where per-operation
+        overhead is the step's cost)."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -48,15 +55,19 @@ class HFEngine(Engine):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        # transformers' own objects: a causal LM and its tokenizer
+        self.model: Any
+        self.tokenizer: Any
         if isinstance(model, str | bytes) or hasattr(model, "__fspath__"):
+            path = os.fsdecode(model)
             torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
             self.model.to(self.device).eval()
-            self.tokenizer = AutoTokenizer.from_pretrained(model)
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
         else:
             self.model = model
             self.tokenizer = tokenizer
-        # Batches of unseeded requests (SamplingParams.seeded off) sample from this one.
+        # Batches sampled with seeding "engine" (not per sample) sample from this one.
         self._batch_generator = torch.Generator(device=self.device).manual_seed(seed)
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
@@ -73,6 +84,9 @@ class HFEngine(Engine):
         # (the class's forward: a trainer may wrap the instance's)
         forward_args = inspect.signature(type(self.model).forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
+        lean = decoder == "lean" or (decoder == "auto" and self.device.type == "cpu")
         self._lean = lean_decoder(self.model) if lean else None
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
@@ -146,7 +160,7 @@ class HFEngine(Engine):
         decoder = self._lean or _HFDecoder(self)
         decoder.start(mask, width + max(budgets))
         uniforms = None
-        if not params.greedy and params.seeded:
+        if not params.greedy and params.per_sample:
             uniforms = SeededUniforms([r.seed for r in requests], max(budgets), dev)
         stop_ids = set(params.stop_token_ids)
         stop_window = max((len(s) for s in params.stop), default=0) + 8
@@ -155,14 +169,15 @@ class HFEngine(Engine):
         logprobs: list[list[float]] = [[] for _ in requests]
         top_ids: list[list[list[int]]] = [[] for _ in requests]
         top_logprobs: list[list[list[float]]] = [[] for _ in requests]
-        finish: list[str | None] = [None] * len(requests)
+        finish = [""] * len(requests)  # "stop" or "length" once a row ends
         active = list(range(len(requests)))  # request index of each row still in the cache
 
         with torch.inference_mode():
             logits = decoder.forward(input_ids, positions)  # [A, V]
             while True:
                 chosen, sampled_logprobs = self._sample(logits, params, uniforms, active)  # [A]
-                chosen_logprobs = topk = raw = None
+                chosen_logprobs = topk = None
+                raw: Any = None  # [A, V] log-probs, when some are returned
                 if params.logprobs_top_k or (params.logprobs and params.logprobs_mode == "raw"):
                     raw = torch.log_softmax(logits, -1)
                 if params.logprobs:
@@ -216,14 +231,19 @@ class HFEngine(Engine):
         self, logits, params: SamplingParams, uniforms: SeededUniforms | None, active: list[int]
     ):
         """[A] sampled tokens and their log-probs under the distribution sampled from
-        (temperature, then top-p renormalised), from each request's own generator
+        (temperature, then top-k and top-p, renormalised), from each request's own generator
         (``uniforms``) or, for unseeded requests, from the engine's one."""
         import torch
 
         if params.greedy:
             chosen = logits.argmax(-1)
             return chosen, torch.zeros(chosen.shape, device=logits.device)
-        probs = torch.softmax(logits / params.temperature, dim=-1)
+        scaled = logits / params.temperature
+        if 0 < params.top_k < scaled.shape[-1]:
+            # Keep the k most likely tokens (ties at the k-th value kept, as vLLM does).
+            kth = scaled.topk(params.top_k, dim=-1).values[..., -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
         if params.top_p < 1.0:
             # Keep the smallest set of most likely tokens whose mass reaches top_p.
             sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
@@ -365,7 +385,7 @@ class _HFDecoder:
         self.model = engine.model
         self.bool_mask = engine._bool_mask
         self.cache_arg = engine._cache_arg
-        self.cache = None
+        self.cache: Any = None  # the model's KV cache, from its first forward on
 
     def start(self, prompt_mask, slots: int) -> None:
         import torch

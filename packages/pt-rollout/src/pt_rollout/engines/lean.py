@@ -10,12 +10,15 @@ key/value cache allocated once per batch, with every row writing the same slot e
 (the prompts are left-padded, so that new tokens stay aligned). Its logits equal the
 model's up to floating-point rounding; the tests compare them step by step.
 
-It takes only what it can reproduce exactly: the ``llama``, ``mistral``, ``qwen2`` and
-``qwen3`` architectures with global attention in every layer, SiLU MLPs, and plain
+It takes only what it can reproduce: the ``llama``, ``mistral``, ``qwen2`` and ``qwen3``
+architectures with global attention in every layer, SiLU MLPs, and plain
 ``nn.Linear``/``nn.Embedding`` modules whose weights are all present. A model wrapped by
 LoRA adapters, quantised, or partitioned by ZeRO-3 (whose weights are gathered only when
 their own module is called) is left to the Hugging Face forward (:func:`lean_decoder`
-returns None).
+returns None). It reads transformers' module attributes (``variance_epsilon``,
+``head_dim``, ``scaling``, ``rotary_emb``, ...): where a transformers release renames one,
+:func:`lean_decoder` says so in one log line and returns None, and the engine decodes
+with the model's forward.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pt_core.log import get_logger
+
+log = get_logger(__name__)
 
 ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -64,7 +71,18 @@ def lean_decoder(model) -> LeanDecoder | None:
         # ZeRO-3 leaves an empty placeholder and gathers the weight in the module's hooks
         if hasattr(p, "ds_id") or p.numel() == 0:
             return None
-    return LeanDecoder(model)
+    try:
+        decoder = LeanDecoder(model)
+        decoder._weights()  # every attribute a decoding step reads
+    except (AttributeError, TypeError, KeyError) as exc:
+        log.info(
+            "lean decoder: %s's modules are not laid out as it reads them (%s); decoding "
+            "with the model's forward",
+            config.model_type,
+            exc,
+        )
+        return None
+    return decoder
 
 
 def _rms_norm(x, weight, eps):
@@ -88,8 +106,9 @@ class LeanDecoder:
         self.head_dim = int(self.inner.layers[0].self_attn.head_dim)
         self.kv_heads = int(config.num_key_value_heads)
         self.gqa = int(config.num_attention_heads) != self.kv_heads
-        self.cache = None
-        self.mask = None
+        # both made by start(), for each batch
+        self.cache: torch.Tensor  # keys and values of every layer
+        self.mask: torch.Tensor  # [rows, 1, 1, slots] additive
         self.slot = 0
 
     def _weights(self):

@@ -8,7 +8,8 @@ vLLM is an optional dependency (``pip install pt-rollout[vllm]`` on GPU machines
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pt_core.log import get_logger
 from pt_rollout.engines.base import Completion, Engine, Request, SamplingParams, TokenScores
@@ -39,8 +40,8 @@ class VLLMEngine(Engine):
         logprobs_mode: str = "raw",
     ):
         _quiet_vllm_logging()
-        from vllm import LLM
-        from vllm.platforms import current_platform
+        from vllm import LLM  # pyright: ignore[reportMissingImports]
+        from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
 
         on_cpu = current_platform.is_cpu()
         extra = {}
@@ -68,7 +69,7 @@ class VLLMEngine(Engine):
         extra["logprobs_mode"] = (
             "processed_logprobs" if logprobs_mode == "processed" else ("raw_logprobs")
         )
-        self.llm = LLM(
+        self.llm: Any = LLM(  # None once closed
             model=model,
             dtype=dtype,
             seed=seed,
@@ -95,8 +96,8 @@ class VLLMEngine(Engine):
         return self._max_model_len
 
     def generate(self, requests: Sequence[Request], params: SamplingParams) -> list[Completion]:
-        from vllm import SamplingParams as VSamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm import SamplingParams as VSamplingParams  # pyright: ignore[reportMissingImports]
+        from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports]
 
         if params.logprobs and params.logprobs_mode != self.logprobs_mode:
             raise ValueError(
@@ -109,12 +110,13 @@ class VLLMEngine(Engine):
                 n=1,
                 temperature=params.temperature,
                 top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else -1,
                 max_tokens=min(params.max_tokens, self.max_model_len - len(r.prompt_token_ids)),
                 stop=list(params.stop) or None,
                 stop_token_ids=list(params.stop_token_ids) or None,
                 # Per-request seeds make vLLM sample those requests one by one (exact resume);
                 # unseeded requests share the engine's generator and its batched kernels.
-                seed=None if params.greedy or not params.seeded else r.seed,
+                seed=None if params.greedy or not params.per_sample else r.seed,
                 logprobs=want,
             )
             for r in requests
@@ -163,8 +165,8 @@ class VLLMEngine(Engine):
         top_k: int = 0,
         at_ids=None,
     ) -> list[TokenScores]:
-        from vllm import SamplingParams as VSamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm import SamplingParams as VSamplingParams  # pyright: ignore[reportMissingImports]
+        from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports]
 
         if at_ids is not None:
             raise ValueError(
@@ -250,10 +252,14 @@ class WeightPushExtension:
     and need nothing more.
     """
 
+    # What the vLLM worker this class is mixed into has.
+    model_runner: Any
+    reload_weights: Callable[..., None]
+
     def pt_reload_weights(self, weights_path: str) -> list[str]:
         """``reload_weights(weights_path=...)``, then the CPU GEMMs it left stale rebuilt;
         returns the names of the rebuilt layers."""
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
 
         if not current_platform.is_cpu():
             self.reload_weights(weights_path=weights_path)
@@ -267,7 +273,7 @@ class WeightPushExtension:
 def _cpu_gemm_layers(model):
     """(name, layer) of the layers with a CPU GEMM built from a weight they keep (vLLM's
     unquantized embedding method: embeddings and LM heads)."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod  # pyright: ignore[reportMissingImports]
 
     for name, layer in model.named_modules():
         weight = layer._parameters.get("weight")

@@ -1,33 +1,29 @@
 """The objectives pt-train trains, one module and one config section each.
 
-An objective names the rows it trains on, what it needs from a reference model, and its
-loss as a pure function of log-probs (see :mod:`pt_train.objectives.base`). To add one:
-write ``objectives/<name>.py`` with a config section (a :class:`pt_core.config.Section`
-whose ``name`` is a one-value ``Literal``) and an :class:`Objective` subclass, and list
-the pair here.
+An objective declares what it needs (:class:`Needs`: the rows it trains on, a frozen
+model and what it computes, a teacher's scores or rewards in the online loop) and gives
+its loss as a pure function of log-probs (see :mod:`pt_train.objectives.base`). To add
+one: write ``objectives/<name>.py`` with a config section (a :class:`pt_core.config.Section`
+whose ``name`` is a one-value ``Literal``) and an :class:`Objective` subclass, end it with
+``OBJECTIVE = (TheConfig, TheObjective)`` and add
+its name in ``NAMES``; nothing else changes.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Annotated, Union
 
 from pydantic import Field
 
-from pt_train.objectives.asft import ASFT, ASFTConfig
-from pt_train.objectives.base import LossOutput, Objective
-from pt_train.objectives.dft import DFT, DFTConfig
-from pt_train.objectives.dpo import DPO, DPOConfig
-from pt_train.objectives.grpo import GRPO, GRPOConfig
-from pt_train.objectives.opd import OPD, OPDConfig
-from pt_train.objectives.sft import SFT, SFTConfig
+from pt_train.objectives.base import LossOutput, Needs, Objective
+
+# The objectives, by the name a config gives (``objective: {name: ...}``): each is the
+# module of that name here, which ends with ``OBJECTIVE = (ConfigSection, ObjectiveClass)``.
+NAMES = ("sft", "dft", "asft", "dpo", "opd", "grpo", "orpo", "kto")
 
 REGISTRY: dict[str, tuple[type, type[Objective]]] = {
-    "sft": (SFTConfig, SFT),
-    "dft": (DFTConfig, DFT),
-    "asft": (ASFTConfig, ASFT),
-    "dpo": (DPOConfig, DPO),
-    "opd": (OPDConfig, OPD),
-    "grpo": (GRPOConfig, GRPO),
+    name: importlib.import_module(f"pt_train.objectives.{name}").OBJECTIVE for name in NAMES
 }
 
 ObjectiveConfig = Annotated[
@@ -40,4 +36,4 @@ def build_objective(cfg) -> Objective:
     return REGISTRY[cfg.name][1](cfg)
 
 
-__all__ = ["REGISTRY", "LossOutput", "Objective", "ObjectiveConfig", "build_objective"]
+__all__ = ["REGISTRY", "LossOutput", "Needs", "Objective", "ObjectiveConfig", "build_objective"]

@@ -25,7 +25,7 @@ import torch
 from pydantic import Field, model_validator
 
 from pt_core.config import Section
-from pt_train.objectives.base import LossOutput, Objective, mean_metric
+from pt_train.objectives.base import LossOutput, Needs, Objective, mean_metric
 from pt_train.objectives.dft import dft_loss
 from pt_train.objectives.reference import ReferenceConfig
 
@@ -37,12 +37,22 @@ class ASFTConfig(Section):
     reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
 
     @model_validator(mode="after")
-    def _dense_reference(self):
+    def _check(self):
         if self.reference.precompute:
             raise ValueError(
                 "objective.reference.precompute: ASFT's anchor needs the reference's whole "
                 "distribution at every token, which is not stored; set it to false"
             )
+        # Keys at a value other than their default (a run's frozen config.yaml lists every
+        # key, so that is what "given" can mean; a default changes nothing).
+        given = self.model_dump(exclude_defaults=True)
+        if self.kl_coef == 0:
+            for key in ("kl_direction", "reference"):
+                if key in given:
+                    raise ValueError(
+                        f"objective.{key} has no effect with kl_coef 0 (no KL anchor, no "
+                        "reference model); set kl_coef > 0 or remove it"
+                    )
         return self
 
 
@@ -72,7 +82,11 @@ class ASFT(Objective):
 
     def __init__(self, cfg: ASFTConfig):
         super().__init__(cfg)
-        self.reference = "dense" if cfg.kl_coef > 0 else "none"
+        self.needs = Needs(
+            frozen="dense" if cfg.kl_coef > 0 else "none",
+            frozen_model=cfg.reference,
+            frozen_as="anchor",
+        )
 
     def dense(self):
         return forward_kl if self.cfg.kl_direction == "forward" else reverse_kl
@@ -80,3 +94,6 @@ class ASFT(Objective):
     def loss(self, out, batch, ref) -> LossOutput:
         total, count, metrics = asft_loss(out.token_logps, out.dense, self.cfg.kl_coef)
         return LossOutput(total, count, metrics)
+
+
+OBJECTIVE = (ASFTConfig, ASFT)

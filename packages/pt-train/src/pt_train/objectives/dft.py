@@ -39,3 +39,6 @@ class DFT(Objective):
     def loss(self, out, batch, ref) -> LossOutput:
         total, count, metrics = dft_loss(out.token_logps)
         return LossOutput(total, count, metrics)
+
+
+OBJECTIVE = (DFTConfig, DFT)

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator, model_validator
 
 from pt_core.config import Section
-from pt_train.objectives.base import LossOutput, Objective, mean_metric, segment_sum
+from pt_train.objectives.base import LossOutput, Needs, Objective, mean_metric, pair_logps
 from pt_train.objectives.reference import ReferenceConfig
 
 LossType = Literal[
@@ -211,11 +211,12 @@ def dpo_loss(
 
 class DPO(Objective):
     name = "dpo"
-    data = "pairs"
+    needs = Needs(data="pairs")  # with the reference's log-probs where the loss types need it
 
     def __init__(self, cfg: DPOConfig):
         super().__init__(cfg)
-        self.reference = "logps" if cfg.needs_reference else "none"
+        if cfg.needs_reference:
+            self.needs = Needs(data="pairs", frozen="logps", frozen_model=cfg.reference)
         # bco_pair's running mean of the rewards of every step so far
         self.reward_mean = 0.0
         self.reward_count = 0.0
@@ -224,23 +225,20 @@ class DPO(Objective):
         return float(batch.num_sequences // 2)
 
     def loss(self, out, batch, ref) -> LossOutput:
-        sequences = batch.num_sequences
-        lengths = torch.bincount(batch.token_sequence, minlength=sequences)
-        policy = segment_sum(out.token_logps, batch.token_sequence, sequences)
+        chosen, rejected, chosen_lengths, rejected_lengths = pair_logps(out.token_logps, batch)
+        ref_chosen = ref_rejected = None
         if "ref_logps" in batch.data:
-            reference = batch.data["ref_logps"].to(policy.device, policy.dtype)
+            reference = batch.data["ref_logps"].to(chosen.device, chosen.dtype)
+            ref_chosen, ref_rejected = reference[0::2], reference[1::2]
         elif ref is not None:
-            reference = segment_sum(ref.token_logps, batch.token_sequence, sequences).detach()
-        else:
-            reference = None
-        # Sequences are laid out chosen, rejected, chosen, rejected, ...
+            ref_chosen, ref_rejected, _, _ = pair_logps(ref.token_logps.detach(), batch)
         total, count, metrics = dpo_loss(
-            policy[0::2],
-            policy[1::2],
-            reference[0::2] if reference is not None else None,
-            reference[1::2] if reference is not None else None,
-            lengths[0::2],
-            lengths[1::2],
+            chosen,
+            rejected,
+            ref_chosen,
+            ref_rejected,
+            chosen_lengths,
+            rejected_lengths,
             self.cfg,
             bco_delta=self.reward_mean,
         )
@@ -260,3 +258,6 @@ class DPO(Objective):
     def load_state_dict(self, state: dict) -> None:
         self.reward_mean = float(state.get("reward_mean", 0.0))
         self.reward_count = float(state.get("reward_count", 0.0))
+
+
+OBJECTIVE = (DPOConfig, DPO)

@@ -1,4 +1,4 @@
-"""Group Relative Policy Optimization (GRPO) and DAPO, rewarded by pt-eval's grader.
+"""Group Relative Policy Optimization (GRPO) and DAPO, on the online loop's rewards.
 
     objective:
       name: grpo
@@ -10,19 +10,15 @@
       aggregation: dapo           # grpo | dapo | dr_grpo
       scale_rewards: group        # group | batch | none
       ratio_level: token          # token | sequence (GSPO)
-      rollout_correction: {level: token, cap: 2.0}
-      reward: {answer_key: answer, format_reward: 0.0, function: null}
+      policy_loss: clip           # clip (PPO's clipped surrogate) | cispo
+      rollout_correction: {level: token, mode: truncate, cap: 2.0, low: 0.5, high: 2.0}
       overlong: {buffer: 0, penalty: 1.0}
       dynamic_sampling: {enabled: false, max_tries: 3}
 
-It runs on the online loop (``rollout:``; ``samples_per_prompt`` is the group size G).
-
-Rewards (per completion): 1 when pt-eval grades it correct against the prompt's gold answer,
-else 0 (a grading timeout or error is 0 and counted), ``+ format_reward`` when the
-completion has a ``\\boxed{...}``, or whatever ``function`` (``"module:function"`` taking
-the round's rows and returning one float per row) gives (alone: ``format_reward``,
-``answer_key``, ``timeout`` and ``workers`` are for grading and are refused beside it;
-``kl_estimator`` and ``reference`` are refused with beta 0); then DAPO's overlong shaping,
+It runs on the online loop (``rollout:``; ``samples_per_prompt`` is the group size G),
+whose reward component (:mod:`pt_train.rewards`, the run's ``reward:`` section) gives
+each completion its reward; ``kl_estimator`` and ``reference`` are refused with beta 0.
+GRPO shapes the reward with DAPO's overlong penalty,
 ``-penalty * (L - (L_max - buffer)) / buffer`` for a completion of L tokens within the
 last ``buffer`` of ``L_max = rollout.max_tokens`` (and ``-penalty`` when cut at L_max).
 
@@ -41,12 +37,27 @@ GSPO's length-normalised sequence ratio, Zheng et al. 2025, for every token)::
     l_t = min(l_t, -dual_clip * A_i)   for A_i < 0 with dual_clip (Ye et al. 2020)
     l_t += beta * KL_t                 k1: log pi - log ref; k3: exp(ref - log pi) - (ref - log pi) - 1
 
-times the rollout correction ``w_t = min(exp(log pi_old(y_t) - log mu(y_t)), cap)`` (or
-the sequence's product, ``level: sequence``), with ``mu`` the log-probs the generator
-recorded: sampling engines and trainers compute slightly different log-probs (kernels,
-precision), and a stale sample was drawn from older weights; the truncated importance
-weight corrects both (truncated IS as in Yao et al. 2025, "Your efficient RL framework
-secretly brings you off-policy RL training"). The step's loss (``aggregation``):
+``policy_loss: cispo`` (MiniMax-M1, 2025) keeps every token's gradient instead of
+clipping it away: ``l_t = -sg(clip(r, 1 - epsilon_low, 1 + epsilon_high)) A_i log pi(y_t)``,
+the REINFORCE term weighted by the clipped, stopped-gradient ratio (its gradient is
+``-clip(r) A_i grad log pi(y_t)``); ``dual_clip`` is refused with it.
+
+Every token's loss is multiplied by the rollout correction ``w_t``, from the importance
+ratio ``rho_t = exp(log pi_old(y_t) - log mu(y_t))`` with ``mu`` the log-probs the
+generator recorded: sampling engines and trainers compute slightly different log-probs
+(kernels, precision), and a stale sample was drawn from older weights. ``level`` says
+which ratio: ``token`` (``rho_t``), ``sequence`` (the product over the sequence, for every
+token), ``geometric`` (the geometric mean over the sequence, ``exp(mean_t log rho_t)``, for
+every token); ``mode`` what is done with it:
+
+- ``truncate``: ``w = min(rho, cap)`` (truncated IS, Yao et al. 2025, "Your efficient RL
+  framework secretly brings you off-policy RL training");
+- ``mask``: ``w = rho`` where ``low <= rho <= high``, else 0: a token (or, at sequence and
+  geometric level, a whole sequence) whose trainer/generator ratio is out of bounds on
+  either side gives no gradient (two-sided masking as IcePop, Ling Team 2025; the
+  geometric-mean sequence mask does not grow with length as the product does).
+
+The step's loss (``aggregation``):
 
 - ``grpo``: the mean over sequences of each sequence's token mean;
 - ``dapo``: the sum over every token divided by the step's tokens;
@@ -59,15 +70,13 @@ On-policy (``r = 1``, ``w = 1``), with beta 0 and no clipping, the ``grpo`` loss
 Metrics: ``reward``, ``reward_std``, ``accuracy`` (graded correct), ``groups_all_equal``,
 ``advantage`` mean and ``advantage_abs``, ``clip_low`` / ``clip_high`` fractions,
 ``completion_length``, ``entropy``, ``rollout_kl`` (k3 estimate of the KL between the
-generator's and the trainer's distributions on the sampled tokens), ``kl`` (to the
-reference, with beta), ``reward_s`` and the grading counts.
+generator's and the trainer's distributions on the sampled tokens), ``correction_masked``
+(the fraction of tokens masked, ``mode: mask``), ``kl`` (to the reference, with beta);
+the online loop adds the reward component's figures.
 """
 
 from __future__ import annotations
 
-import importlib
-import re
-import time
 from typing import Literal
 
 import numpy as np
@@ -76,19 +85,10 @@ from pydantic import Field, model_validator
 
 from pt_core.config import Section
 from pt_core.errors import ConfigError
-from pt_train.objectives.base import LossOutput, Objective, mean_metric, segment_sum
+from pt_train.objectives.base import LossOutput, Needs, Objective, mean_metric, segment_sum
 from pt_train.objectives.reference import ReferenceConfig
 
 STD_EPS = 1e-4
-BOXED = re.compile(r"\\boxed\s*\{")
-
-
-class RewardConfig(Section):
-    answer_key: str = "answer"
-    format_reward: float = 0.0
-    function: str | None = None  # "module:function": rows -> one float per row
-    timeout: float = Field(5.0, gt=0)
-    workers: int | None = Field(None, ge=1)
 
 
 class OverlongConfig(Section):
@@ -102,8 +102,30 @@ class DynamicSamplingConfig(Section):
 
 
 class RolloutCorrectionConfig(Section):
-    level: Literal["token", "sequence", "none"] = "token"
-    cap: float = Field(2.0, gt=0)
+    level: Literal["token", "sequence", "geometric", "none"] = "token"
+    mode: Literal["truncate", "mask"] = "truncate"
+    cap: float = Field(2.0, gt=0)  # truncate
+    low: float = Field(0.5, ge=0)  # mask
+    high: float = Field(2.0, gt=0)  # mask
+
+    @model_validator(mode="after")
+    def _check(self):
+        given = self.model_dump(exclude_defaults=True)
+        unread = ("low", "high") if self.mode == "truncate" else ("cap",)
+        if self.level == "none":
+            unread = ("mode", "cap", "low", "high")
+        for key in unread:
+            if key in given:
+                raise ValueError(
+                    f"objective.rollout_correction.{key}={getattr(self, key)} has no effect "
+                    f"with level {self.level} and mode {self.mode}; remove it"
+                )
+        if self.mode == "mask" and not self.low < 1 < self.high:
+            raise ValueError(
+                f"objective.rollout_correction: mask bounds [{self.low}, {self.high}] must hold "
+                "1 (an on-policy token is never masked)"
+            )
+        return self
 
 
 class GRPOConfig(Section):
@@ -111,13 +133,13 @@ class GRPOConfig(Section):
     epsilon_low: float = Field(0.2, ge=0, lt=1)
     epsilon_high: float = Field(0.28, ge=0)
     dual_clip: float | None = Field(None, gt=1)
+    policy_loss: Literal["clip", "cispo"] = "clip"
     beta: float = Field(0.0, ge=0)
     kl_estimator: Literal["k1", "k3"] = "k3"
     aggregation: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
     scale_rewards: Literal["group", "batch", "none"] = "group"
     ratio_level: Literal["token", "sequence"] = "token"
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
@@ -132,14 +154,11 @@ class GRPOConfig(Section):
         # Keys at a value other than their default (a run's frozen config.yaml lists every
         # key, so that is what "given" can mean; a default changes nothing).
         given = self.model_dump(exclude_defaults=True)
-        for key in given.get("reward", {}) if self.reward.function is not None else ():
-            if key in ("format_reward", "answer_key", "timeout", "workers"):
-                fix = "add the bonus inside the function" if key == "format_reward" else "remove it"
-                raise ValueError(
-                    f"objective.reward.{key}={getattr(self.reward, key)} has no effect beside "
-                    f"reward.function: the function's value is the whole reward and nothing is "
-                    f"graded; {fix}"
-                )
+        if self.policy_loss == "cispo" and "dual_clip" in given:
+            raise ValueError(
+                "objective.dual_clip has no effect with policy_loss cispo (no clipped "
+                "surrogate to bound); remove it"
+            )
         if self.beta == 0:
             for key in ("kl_estimator", "reference"):
                 if key in given:
@@ -147,6 +166,15 @@ class GRPOConfig(Section):
                         f"objective.{key} has no effect with beta 0 (no KL term, no reference "
                         "model); set beta > 0 or remove it"
                     )
+        for section, key, off, why in (
+            ("overlong", "penalty", self.overlong.buffer == 0, "buffer 0 (no shaping)"),
+            ("dynamic_sampling", "max_tries", not self.dynamic_sampling.enabled, "enabled false"),
+        ):
+            if key in given.get(section, {}) and off:
+                raise ValueError(
+                    f"objective.{section}.{key}={getattr(getattr(self, section), key)} has no "
+                    f"effect with {section}.{why}; remove it"
+                )
         return self
 
 
@@ -201,6 +229,7 @@ def policy_loss(
     epsilon_high: float,
     dual_clip: float | None = None,
     ratio_level: str = "token",
+    policy: str = "clip",
     weights: torch.Tensor | None = None,
     kl: torch.Tensor | None = None,
     beta: float = 0.0,
@@ -217,7 +246,10 @@ def policy_loss(
         log_ratio = seq[token_sequence] + logps - logps.detach()
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - epsilon_low, 1 + epsilon_high)
-    loss = -torch.minimum(ratio * adv, clipped * adv)
+    if policy == "cispo":
+        loss = -clipped.detach() * adv * logps
+    else:
+        loss = -torch.minimum(ratio * adv, clipped * adv)
     if dual_clip is not None:
         loss = torch.where(adv < 0, torch.minimum(loss, -dual_clip * adv), loss)
     if kl is not None and beta:
@@ -230,6 +262,29 @@ def policy_loss(
         "clip_high": mean_metric(((r > 1 + epsilon_high) & (adv > 0)).double()),
     }
     return loss, metrics
+
+
+def rollout_correction(
+    log_rho: torch.Tensor, token_sequence: torch.Tensor, num_sequences: int, cfg
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """[N] per-token correction weights from the [N] log importance ratios ``log pi_old -
+    log mu`` (see the module docstring), and the [N] bool "masked" (``mode: mask``), or
+    None for what does not apply."""
+    if cfg.level == "none":
+        return None, None
+    if cfg.level == "token":
+        log_w = log_rho
+    else:
+        per_sequence = segment_sum(log_rho, token_sequence, num_sequences)
+        if cfg.level == "geometric":
+            lengths = torch.bincount(token_sequence, minlength=num_sequences).clamp(min=1)
+            per_sequence = per_sequence / lengths
+        log_w = per_sequence[token_sequence]
+    rho = torch.exp(log_w)
+    if cfg.mode == "truncate":
+        return rho.clamp(max=cfg.cap), None
+    masked = (rho < cfg.low) | (rho > cfg.high)
+    return rho.masked_fill(masked, 0.0), masked
 
 
 def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -263,16 +318,11 @@ def aggregate(
 
 class GRPO(Objective):
     name = "grpo"
-    data = "rollouts"
-    logprobs_mode = "processed"
+    needs = Needs(data="rollouts", reward=True)  # in full once configured
 
     def __init__(self, cfg: GRPOConfig):
         super().__init__(cfg)
-        self.reference = "logps" if cfg.beta > 0 else "none"
-        self.temperature = 1.0  # set to the sampling temperature by the trainer
-        self.max_tokens = 1  # rollout.max_tokens, for dr_grpo
-        self._pool = None
-        self._function = None
+        self.max_tokens = 1  # rollout.max_tokens, for dr_grpo and the overlong shaping
 
     def configure(self, train_cfg) -> None:
         rollout = train_cfg.rollout
@@ -282,18 +332,46 @@ class GRPO(Objective):
                 "every sample of a group would be the same)",
                 hint="use a temperature around 1",
             )
-        self.temperature = rollout.temperature
+        if rollout.truncated:
+            raise ConfigError(
+                f"GRPO's importance ratios divide log-probs of the distribution the samples were "
+                f"drawn from; rollout.top_p={rollout.top_p} / top_k={rollout.top_k} truncate "
+                "it, and the trainer's log-probs are over the whole vocabulary",
+                hint="set rollout.top_p: 1.0 and rollout.top_k: 0 (temperature alone is "
+                "computed alike on both sides)",
+            )
         self.max_tokens = rollout.max_tokens
-        self.needs_old_logps = rollout.updates_per_round * rollout.epochs_per_round > 1
-
-    def required_columns(self) -> dict[str, str]:
-        return {
-            "advantage": "GRPO trains on the online loop's rounds (rollout.prompts)",
-            "completion_logprobs": "the generator records them",
-        }
+        cfg = self.cfg
+        if rollout.updates_per_round * rollout.epochs_per_round == 1:
+            # The weights a round's samples are trained against are the current ones: the
+            # ratio is 1, nothing is clipped.
+            given = cfg.model_dump(exclude_defaults=True)
+            for key in ("epsilon_low", "epsilon_high", "dual_clip", "ratio_level"):
+                if key in given:
+                    raise ConfigError(
+                        f"objective.{key}={getattr(cfg, key)} has no effect with one optimizer "
+                        "step per round (rollout.updates_per_round x epochs_per_round = 1): "
+                        "the policy ratio is 1 at every token",
+                        hint="remove it, or train each round in several steps "
+                        "(rollout.updates_per_round or epochs_per_round > 1)",
+                    )
+        self.needs = Needs(
+            data="rollouts",
+            frozen="logps" if cfg.beta > 0 else "none",
+            frozen_model=cfg.reference,
+            columns={
+                "advantage": "GRPO trains on the online loop's rounds (rollout.prompts)",
+                "completion_logprobs": "the generator records them",
+            },
+            logprobs_mode="processed",
+            temperature=rollout.temperature,
+            old_logps=rollout.updates_per_round * rollout.epochs_per_round > 1,
+            reward=True,
+            regroup_tries=cfg.dynamic_sampling.max_tries if cfg.dynamic_sampling.enabled else 0,
+        )
 
     def head(self, batch) -> dict:
-        return {"temperature": self.temperature, "entropy": True}
+        return {"entropy": True}
 
     def count(self, batch) -> float:
         if self.cfg.aggregation == "dapo":
@@ -308,12 +386,12 @@ class GRPO(Objective):
         rollout = batch.data["rollout_logps"].to(logps.dtype)
         old = batch.data.get("old_logps")
         old = old.to(logps.dtype) if old is not None else logps.detach()
-        weights = None
-        if cfg.rollout_correction.level == "token":
-            weights = torch.exp(old - rollout).clamp(max=cfg.rollout_correction.cap)
-        elif cfg.rollout_correction.level == "sequence":
-            seq = segment_sum(old - rollout, batch.token_sequence, batch.num_sequences)
-            weights = torch.exp(seq).clamp(max=cfg.rollout_correction.cap)[batch.token_sequence]
+        weights, masked = rollout_correction(
+            (old - rollout).detach(),
+            batch.token_sequence,
+            batch.num_sequences,
+            cfg.rollout_correction,
+        )
         kl = None
         if ref is not None:
             kl = kl_penalty(logps, ref.token_logps.to(logps.dtype).detach(), cfg.kl_estimator)
@@ -327,6 +405,7 @@ class GRPO(Objective):
             epsilon_high=cfg.epsilon_high,
             dual_clip=cfg.dual_clip,
             ratio_level=cfg.ratio_level,
+            policy=cfg.policy_loss,
             weights=weights,
             kl=kl,
             beta=cfg.beta,
@@ -336,18 +415,17 @@ class GRPO(Objective):
         )
         delta = (old - rollout).detach()
         metrics["rollout_kl"] = mean_metric(torch.exp(delta) - delta - 1)
+        if masked is not None:
+            metrics["correction_masked"] = mean_metric(masked.double())
         metrics["entropy"] = mean_metric(out.entropy)
         if kl is not None:
             metrics["kl"] = mean_metric(kl.detach())
         return LossOutput(total, count, metrics)
 
-    # ------------------------------------------------------------------ the round's rewards
-
-    def process_round(self, rows: list[dict], round_index: int) -> dict:
-        """Grade the round's completions, shape the rewards and set each row's advantage."""
-        start = time.perf_counter()
-        rewards, counts = self.rewards(rows)
+    def prepare_round(self, rows: list[dict]) -> None:
+        """Shape the rewards (overlong) and set each row's group advantage."""
         lengths = np.array([len(r["completion_token_ids"]) for r in rows])
+        rewards = np.array([r["reward"] for r in rows], dtype=np.float64)
         rewards = rewards + overlong_penalty(
             lengths, self.max_tokens, self.cfg.overlong.buffer, self.cfg.overlong.penalty
         )
@@ -357,91 +435,11 @@ class GRPO(Objective):
             row["reward"] = float(reward)
             row["advantage"] = float(advantage)
             row["group_all_equal"] = bool(equal)
-        return {"reward_s": round(time.perf_counter() - start, 3), **counts}
-
-    def round_metrics(self, rows: list[dict]) -> dict:
-        """The figures of a round as trained (after dynamic sampling)."""
-        rewards = np.array([r["reward"] for r in rows])
-        advantages = np.array([r["advantage"] for r in rows])
-        equal = {_group_key(r): r["group_all_equal"] for r in rows}
-        return {
-            "reward": float(rewards.mean()),
-            "reward_std": float(rewards.std()),
-            "accuracy": float(np.mean([bool(r.get("correct")) for r in rows])),
-            "groups_all_equal": float(np.mean(list(equal.values()))),
-            "advantage": float(advantages.mean()),
-            "advantage_abs": float(np.abs(advantages).mean()),
-            "completion_length": float(np.mean([len(r["completion_token_ids"]) for r in rows])),
-        }
-
-    def rewards(self, rows: list[dict]) -> tuple[np.ndarray, dict]:
-        """[n] rewards of the rows (and grading counts); writes ``correct``,
-        ``grade_status`` and ``extracted`` into the rows when grading."""
-        cfg = self.cfg.reward
-        if cfg.function is not None:
-            values = self._custom()(rows)
-            if len(values) != len(rows):
-                raise ConfigError(
-                    f"objective.reward.function {cfg.function} returned {len(values)} rewards "
-                    f"for {len(rows)} rows"
-                )
-            return np.asarray(values, dtype=np.float64), {}
-        from pt_eval.grade import GradeOptions, grade_rows
-
-        if any(cfg.answer_key not in r for r in rows):
-            raise ConfigError(
-                f"GRPO grades against each prompt's gold answer, but the prompts have no "
-                f"{cfg.answer_key!r} column",
-                hint="set objective.reward.answer_key, or a reward function",
-            )
-        graded, _ = grade_rows(
-            # finish_reason: a completion cut at max_tokens gets no last-number fallback
-            [{"id": i, "completion": r["completion"], "answer": r[cfg.answer_key],
-              "finish_reason": r.get("finish_reason")}
-             for i, r in enumerate(rows)],
-            GradeOptions(pred_key="completion", gold_key="answer", id_key="id"),
-            pool=self._grading_pool(),
-            show_progress=False,  # a round's grading is part of the step the trainer's bar shows
-        )  # fmt: skip
-        statuses = {"timeout": 0, "error": 0, "no_answer": 0}
-        rewards = np.zeros(len(rows))
-        for i, (row, g) in enumerate(zip(rows, graded, strict=True)):
-            row["correct"], row["grade_status"], row["extracted"] = (
-                g["correct"], g["grade_status"], g["extracted"],
-            )  # fmt: skip
-            if g["grade_status"] in statuses:
-                statuses[g["grade_status"]] += 1
-            rewards[i] = 1.0 if g["correct"] else 0.0
-            if self.cfg.reward.format_reward and BOXED.search(row["completion"] or ""):
-                rewards[i] += self.cfg.reward.format_reward
-        return rewards, {f"graded_{k}": v for k, v in statuses.items()}
-
-    def _grading_pool(self):
-        if self._pool is None:
-            from pt_eval.worker import GradingPool
-
-            self._pool = GradingPool(self.cfg.reward.workers, self.cfg.reward.timeout)
-        return self._pool
-
-    def _custom(self):
-        if self._function is None:
-            spec = self.cfg.reward.function
-            module, _, name = spec.partition(":")
-            try:
-                self._function = getattr(importlib.import_module(module), name)
-            except (ImportError, AttributeError, ValueError) as exc:
-                raise ConfigError(
-                    f"objective.reward.function={spec!r} cannot be imported ({exc})",
-                    hint="give module:function, importable from where pt-train runs",
-                ) from None
-        return self._function
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
 
 
 def _group_key(row: dict) -> str:
     """The samples of one prompt in one round (the online loop names them ``group``)."""
     return row["group"] if "group" in row else f"{row.get('round')}:{row['id']}"
+
+
+OBJECTIVE = (GRPOConfig, GRPO)

@@ -85,7 +85,7 @@ from pydantic import Field, model_validator
 
 from pt_core.config import Section
 from pt_core.errors import ConfigError
-from pt_train.objectives.base import LossOutput, Objective, mean_metric
+from pt_train.objectives.base import LossOutput, Needs, Objective, TeacherScores, mean_metric
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "skewed_kl", "jsd")
 # The least tail mass log_tail_mass gives: below it a top-k covers the vocabulary.
@@ -155,6 +155,14 @@ class OPDConfig(Section):
             raise ValueError(
                 f"objective.teacher.top_k={self.teacher.top_k} has no effect with loss: "
                 f"{self.loss}, support: {self.support}; remove it (it sizes a top-k support)"
+            )
+        if "dtype" in given.get("teacher", {}) and not (
+            self.support == "full" and self.loss in DIVERGENCES
+        ):
+            raise ValueError(
+                f"objective.teacher.dtype={self.teacher.dtype} has no effect with loss: "
+                f"{self.loss}, support: {self.support}; remove it (it is the dtype of the teacher "
+                "run in-process, support: full)"
             )
         return self
 
@@ -261,24 +269,15 @@ def pg_reverse_kl(
 
 class OPD(Objective):
     name = "opd"
-    data = "rollouts"
+    needs = Needs(data="rollouts")  # in full once configured
 
     def __init__(self, cfg: OPDConfig):
         super().__init__(cfg)
-        # support: full needs the teacher's whole distribution: it runs as the "reference"
-        # (the frozen model beside the policy) with the dense term of the token head.
-        self.reference = "dense" if cfg.support == "full" and cfg.loss in DIVERGENCES else "none"
-        self.temperature = 1.0
         # The size of a top-k support where the config gives one; else the data's width.
         given = cfg.teacher.model_dump(exclude_defaults=True)
         self.top_k = cfg.teacher.top_k if "top_k" in given else None
 
-    def frozen(self):
-        from pt_train.objectives.reference import ReferenceConfig
-
-        return ReferenceConfig(path=self.cfg.teacher.path, dtype=self.cfg.teacher.dtype)
-
-    def required_columns(self) -> dict[str, str]:
+    def columns(self) -> dict[str, str]:
         """Row columns the rollouts must carry, and how to get each."""
         cfg = self.cfg
         need = {}
@@ -301,9 +300,33 @@ class OPD(Objective):
         )
         return need
 
+    def declare(self) -> Needs:
+        """What the trainer and the online loop provide: the teacher's scores of every
+        round (its top-k, or its log-probs of the student's top-k), or, with ``support:
+        full``, the teacher in-process as the frozen model with its whole distribution."""
+        from pt_train.objectives.reference import ReferenceConfig
+
+        cfg = self.cfg
+        columns = self.columns()
+        dense = cfg.support == "full" and cfg.loss in DIVERGENCES
+        return Needs(
+            data="rollouts",
+            frozen="dense" if dense else "none",
+            frozen_model=ReferenceConfig(path=cfg.teacher.path, dtype=cfg.teacher.dtype),
+            frozen_as="teacher",
+            columns=columns,
+            student_top_k=cfg.teacher.top_k if cfg.support == "student_topk" else 0,
+            teacher=TeacherScores(
+                path=cfg.teacher.path,
+                top_k=cfg.teacher.top_k if "teacher_topk_ids" in columns else 0,
+                at_student_topk="teacher_student_topk_logprobs" in columns,
+            ),
+        )
+
     def configure(self, train_cfg) -> None:
-        """Scored rollouts given as data: refuse a ``teacher.top_k`` wider than their
-        lists now, from the first row, rather than at the first step."""
+        """Declare the needs; on scored rollouts given as data, refuse a ``teacher.top_k``
+        wider than their lists now, from the first row, rather than at the first step."""
+        self.needs = self.declare()
         if train_cfg.data.path is None or train_cfg.rollout.prompts is not None:
             return
         from pt_core.files import iter_rows, split_path
@@ -368,7 +391,7 @@ class OPD(Objective):
 
     def head(self, batch) -> dict:
         support = self.support_columns(batch)
-        return {"extra_ids": support[0] if support else None, "temperature": self.temperature}
+        return {"extra_ids": support[0] if support else None}
 
     def dense(self):
         cfg = self.cfg
@@ -415,3 +438,6 @@ class OPD(Objective):
             )
             metrics.update(pg_metrics)
         return LossOutput(per_token.sum(), float(student_token.numel()), metrics)
+
+
+OBJECTIVE = (OPDConfig, OPD)

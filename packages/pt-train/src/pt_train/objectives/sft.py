@@ -32,3 +32,6 @@ class SFT(Objective):
     def loss(self, out, batch, ref) -> LossOutput:
         total, count, metrics = sft_loss(out.token_logps)
         return LossOutput(total, count, metrics)
+
+
+OBJECTIVE = (SFTConfig, SFT)

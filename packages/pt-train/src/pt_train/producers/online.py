@@ -2,7 +2,9 @@
 
 Round ``r`` takes ``prompts_per_round`` prompts (epochs of a seeded permutation, as for
 fixed data), samples ``samples_per_prompt`` completions of each from the policy, has them
-scored by the teacher (OPD) or graded (GRPO, :meth:`Objective.process_round`), and
+scored by a teacher and rewarded by the run's reward component, as the objective
+declares (:class:`pt_train.objectives.Needs`), completed by the objective's
+:meth:`~pt_train.objectives.Objective.prepare_round` (e.g. group advantages), and
 feeds the trainer ``updates_per_round`` optimizer steps of ``global_batch_size`` rows
 (mini-batches), ``epochs_per_round`` times over (PPO's epochs, in the same order each
 time). With ``U = updates_per_round x epochs_per_round`` optimizer steps per round, step
@@ -33,8 +35,9 @@ weights that generated it, and ``staleness``: the updates between those weights 
 weights its round starts training from (0 for ``sync``, ``N x U`` in the steady state of
 ``step_off``). Each round is written to ``<run_dir>/rounds/round-NNNNNN/rollouts.jsonl``
 (and ``meta.json``) before it is trained on; a resumed run reads the rounds it finds there
-instead of generating them again, so with ``schedule: sync`` and per-sample seeds it ends
-with the weights of an uninterrupted run.
+instead of generating them again, and a full checkpoint first writes the rounds in flight
+(``step_off``, ``async``), so with ``seeding: per_sample`` a resumed run ends with the weights
+of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -84,6 +87,12 @@ class OnlineProducer(Producer):
         self.cfg = cfg
         self.rollout = r = cfg.rollout
         self.objective = objective
+        self.needs = objective.needs
+        self.rewards = None
+        if self.needs.reward:
+            from pt_train.rewards import Rewards
+
+            self.rewards = Rewards(cfg.reward)
         self.env = env
         self.tokenizer = tokenizer
         self.policy = policy
@@ -156,7 +165,7 @@ class OnlineProducer(Producer):
         round_index, k = divmod(step, self.updates)
         j = k % self.minibatches  # this epoch's mini-batch
         rows = self._round(round_index)
-        if self.objective.needs_old_logps:
+        if self.needs.old_logps:
             self._old_logps(round_index, rows)
         self._step_rows = rows[j * self.rows_per_step : (j + 1) * self.rows_per_step]
         return self._batches(self._mine(self._step_rows), f"round {round_index}")
@@ -221,12 +230,21 @@ class OnlineProducer(Producer):
         return metrics
 
     def state_dict(self) -> dict:
+        """Called as a full checkpoint is saved: the rounds in flight are waited for and
+        written to the run directory first, so a run resumed from this checkpoint trains on
+        the samples an uninterrupted run gets (drawn with the weights of when they were
+        asked for), not on new ones drawn with the weights it resumes with."""
+        if self.env.is_main:
+            for index in sorted(self._pending):
+                self._generate_round(index, keep_ahead=False)
         return {"dropped_stale": self.dropped_stale}
 
     def load_state_dict(self, state: dict) -> None:
         self.dropped_stale = int(state.get("dropped_stale", 0))
 
     def close(self) -> None:
+        if self.rewards is not None:
+            self.rewards.close()
         if self._generator is not None and hasattr(self._generator, "close"):
             self._generator.close()
         self._generator = None
@@ -252,6 +270,10 @@ class OnlineProducer(Producer):
             self._gathered = self.state_dict_of_policy()
         if missing and self.env.is_main:
             self._generate_round(index)
+        elif self.env.is_main and self.rollout.schedule != "sync":
+            # A round read back from the run directory (written before the run stopped): ask
+            # for the rounds the schedule wants in flight from here, as when it was generated.
+            self._keep_ahead(index)
         self._gathered = None
         barrier()
         rows = list(iter_rows(self.round_dir(index) / "rollouts.jsonl"))
@@ -285,44 +307,35 @@ class OnlineProducer(Producer):
         return {
             "temperature": r.temperature,
             "top_p": r.top_p,
+            "top_k": r.top_k,
             "max_tokens": r.max_tokens,
             "stop": tuple(r.stop),
             "stop_token_ids": self._stop_token_ids,
             "logprobs": True,
-            "logprobs_mode": self.objective.logprobs_mode,
-            "logprobs_top_k": self._student_top_k(),
-            "seeded": r.seeding == "per_sample",
+            "logprobs_mode": self.needs.logprobs_mode,
+            "logprobs_top_k": self.needs.student_top_k,
+            "seeding": r.seeding,
         }
 
     def _stop_source(self) -> str:
         m = self.cfg.model
         return m.name_or_path if m.name_or_path is not None else m.tokenizer_path
 
-    def _student_top_k(self) -> int:
-        cfg = self.cfg.objective
-        if getattr(cfg, "support", None) == "student_topk":
-            return cfg.teacher.top_k
-        return 0
-
     def _score_request(self) -> dict | None:
-        """What the teacher must add to each round, or None (no teacher columns needed)."""
-        cfg = self.cfg.objective
-        need = self.objective.required_columns()
-        if not any(c.startswith("teacher_") for c in need):
+        """What the teacher must add to each round, or None (no teacher declared)."""
+        teacher = self.needs.teacher
+        if teacher is None:
             return None
-        return {
-            "top_k": cfg.teacher.top_k if "teacher_topk_ids" in need else 0,
-            "at_student_topk": "teacher_student_topk_logprobs" in need,
-        }
+        return {"top_k": teacher.top_k, "at_student_topk": teacher.at_student_topk}
 
     # ------------------------------------------------------------------ generation (rank 0)
 
-    def _generate_round(self, index: int) -> None:
+    def _generate_round(self, index: int, *, keep_ahead: bool = True) -> None:
         started = time.perf_counter()
         if self.rollout.generator == "local":
             result = self._generate_local(index)
         else:
-            result = self._generate_server(index)
+            result = self._generate_server(index, keep_ahead=keep_ahead)
         wait_s = time.perf_counter() - started
         requests = self._requests(index)
         rows = []
@@ -331,12 +344,11 @@ class OnlineProducer(Producer):
             strict=True,
         ):  # fmt: skip
             rows.append(self._row(index, prompt, sample, request, group, completion, score, result))
-        metrics = self.objective.process_round(rows, index)
-        dynamic = getattr(self.cfg.objective, "dynamic_sampling", None)
-        if dynamic is not None and dynamic.enabled:
-            rows, dynamic_metrics = self._dynamic_sampling(index, rows, dynamic.max_tries)
+        metrics = self._prepare(rows)
+        if self.needs.regroup_tries:
+            rows, dynamic_metrics = self._dynamic_sampling(index, rows, self.needs.regroup_tries)
             metrics.update(dynamic_metrics)
-        metrics.update(self.objective.round_metrics(rows))
+        metrics.update(round_figures(rows))
         metrics.update(
             {
                 "generate_s": round(result.get("generate_s", 0.0), 3),
@@ -387,7 +399,7 @@ class OnlineProducer(Producer):
                     strict=True,
                 )
             ]  # fmt: skip
-            self.objective.process_round(extra, index)
+            self._prepare(extra)
             for i in range(0, len(extra), n):
                 group = extra[i : i + n]
                 (dropped if group[0]["group_all_equal"] else kept).append(group)
@@ -402,6 +414,12 @@ class OnlineProducer(Producer):
             "dynamic_sampling_dropped": len(dropped) - short,
             "dynamic_sampling_short": short,
         }
+
+    def _prepare(self, rows: list[dict]) -> dict:
+        """Rewards (when declared), then the objective's columns of the whole round."""
+        metrics = self.rewards(rows) if self.rewards is not None else {}
+        self.objective.prepare_round(rows)
+        return metrics
 
     def _prompt_requests(self, position: int, seed_key: list):
         """(prompt, sample, request, group) for every sample of the prompt at ``position``."""
@@ -480,7 +498,11 @@ class OnlineProducer(Producer):
         if self._generator is None:
             device = next(model.parameters()).device
             self._generator = HFEngine(
-                model, tokenizer=self.tokenizer, device=str(device), seed=self.rollout.seed
+                model,
+                tokenizer=self.tokenizer,
+                device=str(device),
+                seed=self.rollout.seed,
+                decoder=self.rollout.decoder,
             )
         was_training = model.training
         model.eval()
@@ -511,7 +533,7 @@ class OnlineProducer(Producer):
         if self._teacher is None:
             from pt_rollout.engines.hf import HFEngine
 
-            path = self.cfg.objective.teacher.path
+            path = self.needs.teacher.path
             if path is None:
                 raise ConfigError(
                     "the online loop scores with the teacher: set objective.teacher.path"
@@ -521,11 +543,20 @@ class OnlineProducer(Producer):
 
     # ------------------------------------------------------------------ the generator process
 
-    def _generate_server(self, index: int) -> dict:
-        r = self.rollout
+    def _keep_ahead(self, index: int) -> None:
+        """The requests the schedule has in flight once round ``index`` is in hand."""
         if self._generator is None:
             self._start_server()
         self._top_up(index)
+        if self.rollout.schedule == "async":
+            self._top_up(index + 1)
+
+    def _generate_server(self, index: int, *, keep_ahead: bool = True) -> dict:
+        r = self.rollout
+        if self._generator is None:
+            self._start_server()
+        if keep_ahead:
+            self._top_up(index)
         while True:
             result = self._generator.wait(self._pending.pop(index))
             staleness = index * self.updates - result["version"]
@@ -541,7 +572,7 @@ class OnlineProducer(Producer):
             )
             self._push_current()
             self._request(index)
-        if r.schedule == "async":
+        if r.schedule == "async" and keep_ahead:
             self._top_up(index + 1)  # keep the generator busy as far as staleness allows
         result["completions"] = [dict(c) for c in result["completions"]]
         if result.get("scores") is not None:
@@ -589,9 +620,7 @@ class OnlineProducer(Producer):
 
         r = self.rollout
         path = self._write_weights()
-        teacher = None
-        if self._score_request() is not None:
-            teacher = self.cfg.objective.teacher.path
+        teacher = self.needs.teacher.path if self.needs.teacher is not None else None
         self._generator = RemoteGenerator(
             str(path),
             python=r.python,
@@ -602,9 +631,10 @@ class OnlineProducer(Producer):
             version=self._version,
             gpu_memory_utilization=r.gpu_memory_utilization,
             max_model_len=r.max_model_len,
-            max_logprobs=max(20, self._student_top_k(), getattr(
-                getattr(self.cfg.objective, "teacher", None), "top_k", 0)),
-            logprobs_mode=self.objective.logprobs_mode,
+            max_logprobs=max(20, self.needs.student_top_k,
+                             self.needs.teacher.top_k if self.needs.teacher else 0),
+            logprobs_mode=self.needs.logprobs_mode,
+            decoder=r.decoder,
         )  # fmt: skip
         self._pushed_version = self._version
 
@@ -641,3 +671,23 @@ class OnlineProducer(Producer):
             old.unlink()
         save_model_weights(self.policy(), target, state)
         return target
+
+
+def round_figures(rows: list[dict]) -> dict:
+    """A round's figures as it is trained (after dynamic sampling): the completions'
+    length, and where the rows have them, the rewards, grades and advantages."""
+    figures = {"completion_length": float(np.mean([len(r["completion_token_ids"]) for r in rows]))}
+    if "reward" in rows[0]:
+        rewards = np.array([r["reward"] for r in rows])
+        figures["reward"] = float(rewards.mean())
+        figures["reward_std"] = float(rewards.std())
+    if "correct" in rows[0]:
+        figures["accuracy"] = float(np.mean([bool(r.get("correct")) for r in rows]))
+    if "advantage" in rows[0]:
+        advantages = np.array([r["advantage"] for r in rows])
+        figures["advantage"] = float(advantages.mean())
+        figures["advantage_abs"] = float(np.abs(advantages).mean())
+    if "group_all_equal" in rows[0]:
+        equal = {r["group"]: r["group_all_equal"] for r in rows}
+        figures["groups_all_equal"] = float(np.mean(list(equal.values())))
+    return figures
