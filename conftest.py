@@ -174,3 +174,14 @@ def small_disk(tmp_path):
     yield make
     for point in mounted:
         subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+@pytest.fixture
+def commands_take_ctrl_c():
+    """Under a shell that started the tests in the background SIGINT is ignored, and the
+    commands a test starts would inherit that; give them a terminal's Ctrl-C."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)

@@ -14,23 +14,16 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _commands_take_ctrl_c():
-    """Under a shell that started the tests in the background SIGINT is ignored, and the
-    commands started here would inherit that; give them a terminal's Ctrl-C."""
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, old)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("commands_take_ctrl_c")]
 
 
 def test_ctrl_c_while_generating_keeps_the_rollouts_so_far_and_writes_no_grades(
     tmp_path, tiny_model_dir
 ):
+    # 1,200 samples: pt-rollout writes them in batches of 256, so the first batch is kept
+    # while the others are still to come, however fast this machine generates
     with open(tmp_path / "bench.jsonl", "w") as fh:
-        for i in range(40):
+        for i in range(600):
             fh.write(json.dumps({"id": i, "problem": f"What is {i} + 1?", "answer": str(i + 1)}))
             fh.write("\n")
     out_dir = tmp_path / "eval"

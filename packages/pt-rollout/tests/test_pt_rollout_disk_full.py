@@ -5,29 +5,14 @@ resumes after them once there is room."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from rollout_commands import start_generate
 
 from pt_core.errors import DiskFull
 
 pytestmark = pytest.mark.slow
-
-
-def generate(prompts: Path, out: Path, model: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [Path(sys.executable).parent / "pt-rollout", "generate", "--model", model,
-         "--prompts", prompts, "--out", out, "--n", "2", "--max-tokens", "16",
-         "--engine", "hf", "--batch-size", "4"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
 
 
 def test_a_full_disk_keeps_the_rows_written_and_the_same_command_resumes(
@@ -40,7 +25,7 @@ def test_a_full_disk_keeps_the_rows_written_and_the_same_command_resumes(
             fh.write(json.dumps({"id": i, "prompt": f"what is {i} + {i}?"}) + "\n")
     out = disk.path / "rollouts.jsonl"
     partial = disk.path / "rollouts.jsonl.partial"
-    proc = generate(prompts, out, tiny_model_dir)
+    proc = start_generate(prompts, out, tiny_model_dir)
     deadline = time.monotonic() + 300
     while not (partial.exists() and partial.read_text().count("\n") >= 4):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
@@ -57,6 +42,6 @@ def test_a_full_disk_keeps_the_rows_written_and_the_same_command_resumes(
     assert not out.exists()
 
     disk.free()
-    stdout, err = generate(prompts, out, tiny_model_dir).communicate(timeout=600)
+    stdout, err = start_generate(prompts, out, tiny_model_dir).communicate(timeout=600)
     manifest = json.loads(stdout)
     assert manifest["rows"] == 80 and manifest["resumed"] == kept

@@ -4,39 +4,15 @@ output kept, no traceback; the same command resumes after them."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from rollout_commands import start_generate
 
 from pt_core.files import read_rows
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _commands_take_ctrl_c():
-    """Under a shell that started the tests in the background SIGINT is ignored, and the
-    commands started here would inherit that; give them a terminal's Ctrl-C."""
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, old)
-
-
-def generate(tmp_path: Path, model: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [Path(sys.executable).parent / "pt-rollout", "generate", "--model", model,
-         "--prompts", tmp_path / "prompts.jsonl", "--out", tmp_path / "rollouts.jsonl",
-         "--n", "2", "--max-tokens", "16", "--engine", "hf", "--batch-size", "4"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("commands_take_ctrl_c")]
 
 
 def test_ctrl_c_keeps_the_written_batches_and_the_same_command_resumes_after_them(
@@ -46,7 +22,7 @@ def test_ctrl_c_keeps_the_written_batches_and_the_same_command_resumes_after_the
         for i in range(60):
             fh.write(json.dumps({"id": i, "prompt": f"what is {i} + {i}?"}) + "\n")
     partial = tmp_path / "rollouts.jsonl.partial"
-    proc = generate(tmp_path, tiny_model_dir)
+    proc = start_generate(tmp_path / "prompts.jsonl", tmp_path / "rollouts.jsonl", tiny_model_dir)
     deadline = time.monotonic() + 300
     while not (partial.exists() and len(partial.read_text().splitlines()) >= 8):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
@@ -62,7 +38,7 @@ def test_ctrl_c_keeps_the_written_batches_and_the_same_command_resumes_after_the
     assert f"error: interrupted: {kept} rows kept in {partial}; the same command resumes" in err
     assert not (tmp_path / "rollouts.jsonl").exists()  # the output appears only when complete
 
-    proc = generate(tmp_path, tiny_model_dir)
+    proc = start_generate(tmp_path / "prompts.jsonl", tmp_path / "rollouts.jsonl", tiny_model_dir)
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     manifest = json.loads(out)

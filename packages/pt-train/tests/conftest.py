@@ -14,6 +14,10 @@ import pytest
 
 from pt_train.watchdog import STALL_VARIABLE
 
+# The suite imports test modules by path (--import-mode=importlib); the helpers beside
+# them (preference_data.py) are imported by name from this folder.
+sys.path.insert(0, str(Path(__file__).parent))
+
 # What a plain process's in-process `pt_train.trainer.train()` exports to form its
 # process group of one (pt_train.distributed.init_distributed).
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -122,3 +126,26 @@ def pt_train_in_process(monkeypatch, capfd):
         return stop.value.code, out, err
 
     return run
+
+
+@pytest.fixture(scope="session")
+def pairs_file(tmp_path_factory):
+    """preference_data.preference_pairs() as a jsonl file."""
+    from preference_data import preference_pairs
+
+    from pt_core.files import write_rows
+
+    return write_rows(tmp_path_factory.mktemp("pairs") / "pairs.jsonl", preference_pairs())
+
+
+@pytest.fixture(scope="session")
+def other_model_dir(tmp_path_factory, tiny_tokenizer):
+    """A reference that is not the policy's start: the same tiny Llama, seed 1."""
+    from pt_train.model import build_llama
+
+    out = tmp_path_factory.mktemp("reference-seed1")
+    build_llama(tiny_tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=1).save_pretrained(
+        str(out)
+    )
+    tiny_tokenizer.save_pretrained(str(out))
+    return out

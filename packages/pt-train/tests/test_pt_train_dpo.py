@@ -36,59 +36,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from preference_data import completion_logp, load_float64, preference_pairs
 from safetensors.torch import load_file
 
 from pt_core.files import write_rows
 from pt_train.config import TrainConfig
 from pt_train.metrics import read_metrics
 from pt_train.trainer import train
-
-VOCAB_LOW, VOCAB_HIGH = 5, 300  # ordinary tokens of the tiny tokenizer (462 ids)
-
-
-def preference_pairs(n: int = 8, seed: int = 0) -> list[dict]:
-    """Tokenized pairs of different lengths; in every third pair the first chosen token
-    is not trained (label -100), so a completion's trained tokens are not all of it."""
-    g = torch.Generator().manual_seed(seed)
-
-    def tokens(low: int, high: int) -> list[int]:
-        length = int(torch.randint(low, high, (1,), generator=g))
-        return torch.randint(VOCAB_LOW, VOCAB_HIGH, (length,), generator=g).tolist()
-
-    rows = []
-    for i in range(n):
-        prompt, chosen, rejected = tokens(3, 9), tokens(4, 15), tokens(4, 15)
-        chosen_labels = list(chosen)
-        if i % 3 == 0:
-            chosen_labels[0] = -100
-        rows.append(
-            {
-                "prompt_input_ids": prompt,
-                "chosen_input_ids": chosen,
-                "chosen_labels": chosen_labels,
-                "rejected_input_ids": rejected,
-                "rejected_labels": list(rejected),
-            }
-        )
-    return rows
-
-
-@pytest.fixture(scope="module")
-def pairs_file(tmp_path_factory):
-    return write_rows(tmp_path_factory.mktemp("pairs") / "pairs.jsonl", preference_pairs())
-
-
-@pytest.fixture(scope="module")
-def other_model_dir(tmp_path_factory, tiny_tokenizer):
-    """A reference that is not the policy's start: the same tiny Llama, seed 1."""
-    from pt_train.model import build_llama
-
-    out = tmp_path_factory.mktemp("reference-seed1")
-    build_llama(tiny_tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=1).save_pretrained(
-        str(out)
-    )
-    tiny_tokenizer.save_pretrained(str(out))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -113,23 +67,6 @@ def run_metrics(cfg: TrainConfig) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- independent side
-
-
-def load_float64(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float64).eval()
-
-
-def completion_logp(model, prompt, completion, labels) -> tuple[torch.Tensor, int]:
-    """log p(completion | prompt) summed over the completion's trained tokens, from the
-    full logits of one forward pass over prompt + completion (float64)."""
-    ids = list(prompt) + list(completion)
-    targets = [-100] * len(prompt) + list(labels)
-    logits = model(input_ids=torch.tensor([ids])).logits[0]
-    logp = torch.log_softmax(logits[:-1].double(), dim=-1)  # position t predicts token t + 1
-    trained = [t for t in range(len(ids) - 1) if targets[t + 1] != -100]
-    return torch.stack([logp[t, ids[t + 1]] for t in trained]).sum(), len(trained)
 
 
 def pair_logps(model, rows) -> tuple[torch.Tensor, torch.Tensor]:

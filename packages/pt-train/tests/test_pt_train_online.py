@@ -148,63 +148,12 @@ def test_async_never_trains_on_samples_older_than_the_bound(world):
     assert all(m["staleness_min"] >= 0 for m in metrics)
 
 
-def test_sigterm_mid_round_then_resume_ends_with_the_uninterrupted_weights(world):
-    """Two updates per round; SIGTERM after the first step of round 1 checkpoints mid-round.
-    The resumed run reads round 1 from the run directory and ends bit-identical."""
-    steps = 6
-    path = world / "resume.yaml"
-    path.write_text(yaml.safe_dump(config(world, "resume", steps=steps, updates_per_round=2)))
-    reference = run(world, "resume-reference", steps=steps, updates_per_round=2)
-    bindir = os.path.dirname(sys.executable)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    metrics = world / "runs" / "resume" / "metrics.jsonl"
-    proc = subprocess.Popen(
-        [os.path.join(bindir, "pt-train"), "run", str(path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    while proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            proc.send_signal(signal.SIGTERM)
-            break
-        time.sleep(0.01)
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == REQUEUE_EXIT_CODE, err
-    stopped = int((world / "runs" / "resume" / "checkpoints" / "latest").read_text()[5:])
-    assert 3 <= stopped < steps
-    done = subprocess.run(
-        [os.path.join(bindir, "pt-train"), "run", str(path)],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    resumed = read_metrics(world / "runs" / "resume")
-    assert [m["loss"] for m in resumed] == [m["loss"] for m in reference]
-    a, b = weights(world, "resume-reference", steps), weights(world, "resume", steps)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.mark.parametrize(
-    "schedule",
-    [
-        {"schedule": "step_off", "step_off": 1},
-        {"schedule": "async", "max_staleness": 2, "stale": "keep"},
-    ],
-    ids=["step_off", "async"],
-)
-def test_sigterm_mid_round_then_resume_ends_with_the_uninterrupted_weights_when_overlapped(
-    world, schedule
-):
-    """A generator process that samples ahead (step_off 1; async within 2 updates):
-    SIGTERM after step 3 (mid-round, or at the next round's start: either way with a round
-    in flight). The checkpoint waits for the rounds in flight and
-    writes them, so the resumed run trains on the samples drawn with the weights of when
-    they were asked for, and asks for later rounds at the points an uninterrupted run
-    does: losses and final weights equal the uninterrupted run's."""
-    steps = 8
-    overlapped = {"generator": "server", "updates_per_round": 2, **schedule}
-    name = f"resume-{schedule['schedule']}"
+def interrupted_and_resumed(world: Path, name: str, steps: int, **rollout) -> list[dict]:
+    """``pt-train run`` of ``name`` stopped by SIGTERM once 3 steps are logged (it exits
+    85 with a full checkpoint after step 3 or 4), then run again to the end; the resumed
+    run's metrics."""
     path = world / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config(world, name, steps=steps, **overlapped)))
-    reference = run(world, f"{name}-reference", steps=steps, **overlapped)
+    path.write_text(yaml.safe_dump(config(world, name, steps=steps, **rollout)))
     bindir = os.path.dirname(sys.executable)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     metrics = world / "runs" / name / "metrics.jsonl"
@@ -226,7 +175,42 @@ def test_sigterm_mid_round_then_resume_ends_with_the_uninterrupted_weights_when_
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    resumed = read_metrics(world / "runs" / name)
+    return read_metrics(world / "runs" / name)
+
+
+def test_sigterm_mid_round_then_resume_ends_with_the_uninterrupted_weights(world):
+    """Two updates per round; SIGTERM after the first step of round 1 checkpoints mid-round.
+    The resumed run reads round 1 from the run directory and ends bit-identical."""
+    steps = 6
+    reference = run(world, "resume-reference", steps=steps, updates_per_round=2)
+    resumed = interrupted_and_resumed(world, "resume", steps, updates_per_round=2)
+    assert [m["loss"] for m in resumed] == [m["loss"] for m in reference]
+    a, b = weights(world, "resume-reference", steps), weights(world, "resume", steps)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        {"schedule": "step_off", "step_off": 1},
+        {"schedule": "async", "max_staleness": 2, "stale": "keep"},
+    ],
+    ids=["step_off", "async"],
+)
+def test_sigterm_mid_round_then_resume_ends_with_the_uninterrupted_weights_when_overlapped(
+    world, schedule
+):
+    """A generator process that samples ahead (step_off 1; async within 2 updates):
+    SIGTERM after step 3 (mid-round, or at the next round's start: either way with a round
+    in flight). The checkpoint waits for the rounds in flight and writes them, so the
+    resumed run trains on the samples drawn with the weights of when they were asked for,
+    and asks for later rounds at the points an uninterrupted run does: losses, staleness
+    and final weights equal the uninterrupted run's."""
+    steps = 8
+    overlapped = {"generator": "server", "updates_per_round": 2, **schedule}
+    name = f"resume-{schedule['schedule']}"
+    reference = run(world, f"{name}-reference", steps=steps, **overlapped)
+    resumed = interrupted_and_resumed(world, name, steps, **overlapped)
     assert [m["loss"] for m in resumed] == [m["loss"] for m in reference]
     assert [m["staleness_max"] for m in resumed] == [m["staleness_max"] for m in reference]
     a, b = weights(world, f"{name}-reference", steps), weights(world, name, steps)

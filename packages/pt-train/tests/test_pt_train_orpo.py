@@ -22,16 +22,13 @@ from itertools import pairwise
 
 import pytest
 import torch
+from preference_data import completion_logp, load_float64, preference_pairs
 from pydantic import ValidationError
 
-from pt_core.files import write_rows
 from pt_train.config import TrainConfig
 from pt_train.metrics import read_metrics
 from pt_train.objectives.orpo import ORPOConfig, log_odds, orpo_loss
 from pt_train.trainer import train
-
-VOCAB_LOW, VOCAB_HIGH = 5, 300  # ordinary tokens of the tiny tokenizer (462 ids)
-
 
 # --------------------------------------------------------------------------- the paper, here
 
@@ -253,38 +250,6 @@ def test_beta_must_be_positive():
 # --------------------------------------------------------------------------- the trainer
 
 
-def preference_pairs(n: int = 8, seed: int = 0) -> list[dict]:
-    """Tokenized pairs of different lengths; in every third pair the first chosen token
-    is not trained (label -100), so a completion's trained tokens are not all of it."""
-    g = torch.Generator().manual_seed(seed)
-
-    def tokens(low: int, high: int) -> list[int]:
-        length = int(torch.randint(low, high, (1,), generator=g))
-        return torch.randint(VOCAB_LOW, VOCAB_HIGH, (length,), generator=g).tolist()
-
-    rows = []
-    for i in range(n):
-        prompt, chosen, rejected = tokens(3, 9), tokens(4, 15), tokens(4, 15)
-        chosen_labels = list(chosen)
-        if i % 3 == 0:
-            chosen_labels[0] = -100
-        rows.append(
-            {
-                "prompt_input_ids": prompt,
-                "chosen_input_ids": chosen,
-                "chosen_labels": chosen_labels,
-                "rejected_input_ids": rejected,
-                "rejected_labels": list(rejected),
-            }
-        )
-    return rows
-
-
-@pytest.fixture(scope="module")
-def pairs_file(tmp_path_factory):
-    return write_rows(tmp_path_factory.mktemp("pairs") / "pairs.jsonl", preference_pairs())
-
-
 def orpo_config(tiny_run_config, output_dir, data_path, objective: dict, **training):
     return TrainConfig.model_validate(
         tiny_run_config(output_dir, data_path, {"name": "orpo", **objective}, **training)
@@ -296,24 +261,11 @@ def run_metrics(cfg: TrainConfig) -> list[dict]:
     return read_metrics(cfg.run_dir)
 
 
-def completion_logp(model, prompt, completion, labels) -> tuple[torch.Tensor, int]:
-    """log p(completion | prompt) summed over the completion's trained tokens, from the
-    full logits of one forward pass over prompt + completion (float64)."""
-    ids = list(prompt) + list(completion)
-    targets = [-100] * len(prompt) + list(labels)
-    logits = model(input_ids=torch.tensor([ids])).logits[0]
-    logp = torch.log_softmax(logits[:-1].double(), dim=-1)  # position t predicts token t + 1
-    trained = [t for t in range(len(ids) - 1) if targets[t + 1] != -100]
-    return torch.stack([logp[t, ids[t + 1]] for t in trained]).sum(), len(trained)
-
-
 @pytest.fixture(scope="module")
 def logps(tiny_model_dir):
     """Independent log-probs of the module's pairs under the policy's start:
     ``{"policy": [P, 2] summed log-probs (chosen, rejected), "n": [P, 2] trained tokens}``."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float64).eval()
+    model = load_float64(tiny_model_dir)
     sums, counts = [], []
     with torch.no_grad():
         for row in preference_pairs():

@@ -96,6 +96,26 @@ def mean_metric(values: torch.Tensor) -> tuple[torch.Tensor, float]:
     return values.detach().double().sum(), float(values.numel())
 
 
+def preference_metrics(
+    chosen_rewards: torch.Tensor,
+    rejected_rewards: torch.Tensor,
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+) -> dict:
+    """The figures every preference objective logs, as TRL names them: the [P] implicit
+    rewards of the chosen and rejected completions, their margin and how often the chosen
+    one's is higher, and the [P] summed log-probs of each."""
+    chosen_rewards, rejected_rewards = chosen_rewards.detach(), rejected_rewards.detach()
+    return {
+        "rewards/chosen": mean_metric(chosen_rewards),
+        "rewards/rejected": mean_metric(rejected_rewards),
+        "rewards/margins": mean_metric(chosen_rewards - rejected_rewards),
+        "rewards/accuracies": mean_metric((chosen_rewards > rejected_rewards).double()),
+        "logps/chosen": mean_metric(policy_chosen),
+        "logps/rejected": mean_metric(policy_rejected),
+    }
+
+
 def pair_logps(token_logps: torch.Tensor, batch):
     """A batch of preference pairs (sequences laid out chosen, rejected, chosen, ...): the
     [P] summed log-probs of the chosen and of the rejected completions, and their [P]

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator, model_validator
 
 from pt_core.config import Section
-from pt_train.objectives.base import LossOutput, Needs, Objective, mean_metric, pair_logps
+from pt_train.objectives.base import LossOutput, Needs, Objective, pair_logps, preference_metrics
 from pt_train.objectives.reference import ReferenceConfig
 
 LossType = Literal[
@@ -198,14 +198,7 @@ def dpo_loss(
     else:
         chosen_rewards = cfg.beta * (policy_chosen / c_len).detach()
         rejected_rewards = cfg.beta * (policy_rejected / r_len).detach()
-    metrics = {
-        "rewards/chosen": mean_metric(chosen_rewards),
-        "rewards/rejected": mean_metric(rejected_rewards),
-        "rewards/margins": mean_metric(chosen_rewards - rejected_rewards),
-        "rewards/accuracies": mean_metric((chosen_rewards > rejected_rewards).double()),
-        "logps/chosen": mean_metric(policy_chosen),
-        "logps/rejected": mean_metric(policy_rejected),
-    }
+    metrics = preference_metrics(chosen_rewards, rejected_rewards, policy_chosen, policy_rejected)
     return total.sum(), float(policy_chosen.numel()), metrics
 
 

@@ -42,7 +42,7 @@ import torch
 from pydantic import Field
 
 from pt_core.config import Section
-from pt_train.objectives.base import LossOutput, Needs, Objective, mean_metric, pair_logps
+from pt_train.objectives.base import LossOutput, Needs, Objective, pair_logps, preference_metrics
 from pt_train.objectives.reference import ReferenceConfig
 
 
@@ -77,15 +77,9 @@ def kto_loss(
         z0 = torch.zeros((), dtype=r_d.dtype, device=r_d.device)
     loss_d = desirable_weight * (1 - torch.sigmoid(beta * (r_d - z0)))
     loss_u = undesirable_weight * (1 - torch.sigmoid(beta * (z0 - r_u)))
-    chosen_rewards, rejected_rewards = beta * r_d.detach(), beta * r_u.detach()
     metrics = {
         "kl": (z0.detach().double(), 1.0),
-        "rewards/chosen": mean_metric(chosen_rewards),
-        "rewards/rejected": mean_metric(rejected_rewards),
-        "rewards/margins": mean_metric(chosen_rewards - rejected_rewards),
-        "rewards/accuracies": mean_metric((chosen_rewards > rejected_rewards).double()),
-        "logps/chosen": mean_metric(policy_chosen),
-        "logps/rejected": mean_metric(policy_rejected),
+        **preference_metrics(beta * r_d, beta * r_u, policy_chosen, policy_rejected),
     }
     return loss_d.sum() + loss_u.sum(), float(2 * policy_chosen.numel()), metrics
 

@@ -31,7 +31,14 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from pt_core.config import Section
-from pt_train.objectives.base import LossOutput, Needs, Objective, mean_metric, pair_logps
+from pt_train.objectives.base import (
+    LossOutput,
+    Needs,
+    Objective,
+    mean_metric,
+    pair_logps,
+    preference_metrics,
+)
 
 
 class ORPOConfig(Section):
@@ -66,17 +73,11 @@ def orpo_loss(
     ratio = log_odds(a_c) - log_odds(a_r)
     odds_term = F.logsigmoid(ratio)
     per_pair = -a_c - beta * odds_term
-    chosen_rewards, rejected_rewards = beta * a_c.detach(), beta * a_r.detach()
     metrics = {
         "nll": mean_metric(-a_c),
         "log_odds_ratio": mean_metric(ratio),
         "log_odds_chosen": mean_metric(odds_term),
-        "rewards/chosen": mean_metric(chosen_rewards),
-        "rewards/rejected": mean_metric(rejected_rewards),
-        "rewards/margins": mean_metric(chosen_rewards - rejected_rewards),
-        "rewards/accuracies": mean_metric((chosen_rewards > rejected_rewards).double()),
-        "logps/chosen": mean_metric(policy_chosen),
-        "logps/rejected": mean_metric(policy_rejected),
+        **preference_metrics(beta * a_c, beta * a_r, policy_chosen, policy_rejected),
     }
     return per_pair.sum(), float(policy_chosen.numel()), metrics
 
