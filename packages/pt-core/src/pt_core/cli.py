@@ -16,7 +16,7 @@ from collections.abc import Callable
 import typer
 from typer.core import TyperGroup
 
-from pt_core.errors import PtError
+from pt_core.errors import InputError, PtError
 from pt_core.log import console, setup_logging
 
 # The options of the command that is running, so shared code can offer a flag in a hint
@@ -138,6 +138,15 @@ def make_main(app: typer.Typer) -> Callable[[], None]:
             # that typer bundles.
             report_usage_error(exc)
             sys.exit(exc.exit_code)
+        except OSError as exc:  # a path that cannot be read or written: the user's to fix
+            report_error(
+                InputError(
+                    f"{exc.filename if exc.filename is not None else 'a file'}: "
+                    f"{exc.strerror or exc}",
+                    hint="check the path, that its folder exists and that it may be written",
+                )
+            )
+            sys.exit(InputError.exit_code)
         except Exception as exc:  # a bug in pt: said in one line, the traceback on request
             if os.environ.get("PT_TRACEBACK") == "1":
                 raise

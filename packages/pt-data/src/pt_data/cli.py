@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from pt_core.cli import make_app, make_main, report_error, split_overrides
+from pt_core.cli import make_app, make_main, split_overrides
 from pt_core.errors import InputError
 from pt_core.manifest import emit_manifest, resolve_input
 from pt_data import __version__
@@ -242,21 +242,7 @@ def templates() -> None:
         typer.echo(f"transform {name:<20} -> {t.kind or '?':<13} {doc}", err=True)
 
 
-_main = make_main(app)
-
-
-def main() -> None:
-    try:
-        _main()
-    except OSError as exc:  # a path that cannot be read or written: the user's to fix
-        where = exc.filename if exc.filename is not None else "a file"
-        report_error(
-            InputError(
-                f"{where}: {exc.strerror or exc}",
-                hint="check the path, that its folder exists and that it may be written",
-            )
-        )
-        sys.exit(2)
+main = make_main(app)
 
 
 if __name__ == "__main__":
