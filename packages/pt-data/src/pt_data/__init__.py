@@ -1,5 +1,5 @@
 """pt_data."""
 
-from importlib.metadata import version
+from pt_core.version import distribution_version
 
-__version__ = version("pt-data")  # written once, in pyproject.toml
+__version__ = distribution_version("pt-data")  # written once, in pyproject.toml

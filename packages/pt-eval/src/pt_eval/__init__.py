@@ -1,5 +1,5 @@
 """pt_eval."""
 
-from importlib.metadata import version
+from pt_core.version import distribution_version
 
-__version__ = version("pt-eval")  # written once, in pyproject.toml
+__version__ = distribution_version("pt-eval")  # written once, in pyproject.toml

@@ -1,5 +1,5 @@
 """pt_slurm."""
 
-from importlib.metadata import version
+from pt_core.version import distribution_version
 
-__version__ = version("pt-slurm")  # written once, in pyproject.toml
+__version__ = distribution_version("pt-slurm")  # written once, in pyproject.toml

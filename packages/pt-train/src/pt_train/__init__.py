@@ -1,5 +1,5 @@
 """pt_train."""
 
-from importlib.metadata import version
+from pt_core.version import distribution_version
 
-__version__ = version("pt-train")  # written once, in pyproject.toml
+__version__ = distribution_version("pt-train")  # written once, in pyproject.toml
