@@ -72,7 +72,9 @@ def test_a_model_that_is_not_there_fails_at_once(tmp_path, name, reason, offline
     )
     elapsed = time.monotonic() - start
     assert proc.returncode == 2, proc.stderr
-    assert elapsed < 5, elapsed
+    # not after transformers' retries of an unreachable hub (about 52 s here): a bound
+    # that separates the two on a loaded machine, not a speed figure
+    assert elapsed < 30, elapsed
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     # one error line (and its fix) naming the model path, not the tokenizer
     assert lines[0].startswith(f"error: model.name_or_path {name!r} {reason}"), lines
