@@ -1,17 +1,16 @@
 """A stage's own config is checked at submit, at the job's world size, and a config that
-would fail on every retry is refused before sbatch; pt_train is imported only for that,
-and without it `pt-train check` of the job's environment does the check."""
+would fail on every retry is refused before sbatch; the check is the job environment's
+`pt-train check` / `pt-data check`, run as a command."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-pytest.importorskip("pt_train.config", reason="checks train configs with pt-train's schema")
 
 
 def write(tmp_path: Path, training: dict, **slurm) -> Path:
@@ -55,10 +54,12 @@ def test_a_batch_the_jobs_world_size_does_not_divide_is_refused(slurm_cluster, t
     )
 
 
-def _without_pt_train(*args: str) -> subprocess.CompletedProcess:
-    """pt-slurm as installed where pt_train cannot be imported (a login node without it)."""
+def _submit_without_pt_train(*args: str) -> subprocess.CompletedProcess:
+    """pt-slurm where pt_train and pt_data cannot be imported (a login node without
+    them): the check is the job environment's commands either way."""
     code = (
-        "import sys; sys.modules['pt_train'] = None; sys.argv[0] = 'pt-slurm'\n"
+        "import sys; sys.modules['pt_train'] = sys.modules['pt_data'] = None\n"
+        "sys.argv[0] = 'pt-slurm'\n"
         "from pt_slurm.cli import main; main()"
     )
     return subprocess.run(
@@ -66,34 +67,85 @@ def _without_pt_train(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_without_pt_train_the_jobs_pt_train_check_does_the_check(tmp_path):
-    bad = _without_pt_train("submit", str(write(tmp_path, {"micro_batch_size": 3})), "--dry-run")
+def test_the_jobs_pt_train_check_does_the_check(tmp_path):
+    bad = _submit_without_pt_train(
+        "submit", str(write(tmp_path, {"micro_batch_size": 3})), "--dry-run"
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     message = " ".join(bad.stderr.split())
-    assert "`pt-train check` at the job's world size 1 (1 node(s) x 1 rank(s)) failed" in message
+    assert "`pt-train check` at the job's world size 1 (1 node(s) x 1 rank(s)) refused" in message
     assert "not divisible by micro_batch_size x world_size = 3 x 1" in message
 
-    good = _without_pt_train("submit", str(write(tmp_path, {})), "--dry-run")
+    good = _submit_without_pt_train("submit", str(write(tmp_path, {})), "--dry-run")
     assert good.returncode == 0, good.stderr
-    assert f"{Path(sys.executable).parent}/pt-train check at world size 1" in " ".join(
-        good.stderr.split()
+    said = " ".join(good.stderr.split())
+    assert (
+        f"checked at world size 1 (1 node(s) x 1 rank(s)): 8 accumulation step(s), by {Path(sys.executable).parent}/pt-train check"
+        in said
     )
 
 
-def test_without_pt_train_or_its_command_the_check_is_said_to_be_skipped(tmp_path):
+def test_launcher_none_checks_nodes_times_launcher_nproc(tmp_path, pt_slurm):
+    """pt-train's own launcher starts launcher.nproc ranks on each node: 2 nodes x 3 ranks
+    of micro-batch 1 cannot make 8; 2 x 2 can, with 2 accumulation steps."""
+    path = write(tmp_path, {"micro_batch_size": 1}, nodes=2, launcher="none")
+    bad = pt_slurm("submit", path, "launcher.nproc=3", "--dry-run", check=False)
+    assert bad.returncode == 2, bad.stderr
+    assert "not divisible by micro_batch_size x world_size = 1 x 6" in " ".join(bad.stderr.split())
+    ok = pt_slurm("submit", path, "launcher.nproc=2", "--dry-run")
+    assert "world size 4 (2 node(s) x launcher.nproc=2): 2 accumulation step(s)" in " ".join(
+        ok.stderr.split()
+    )
+
+
+def test_a_data_stage_is_checked_by_pt_data_check(tmp_path):
+    path = tmp_path / "data.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "run_name": "d",
+                "output_dir": str(tmp_path / "runs"),
+                "data": {"datasets": [{"source": "rows.jsonl", "transform": "no_such_transform"}]},
+            }
+        )
+    )
+    bad = _submit_without_pt_train("submit", str(path), "--stage", "data", "--dry-run")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert "`pt-data check` refused the config" in bad.stderr
+    assert "no_such_transform" in bad.stderr
+    assert not (tmp_path / "runs").exists()
+    fixed = path.read_text().replace("no_such_transform", "messages")
+    path.write_text(fixed)
+    good = _submit_without_pt_train("submit", str(path), "--stage", "data", "--dry-run")
+    assert good.returncode == 0, good.stderr
+    assert "pt-data config checked: 1 dataset(s), by" in " ".join(good.stderr.split())
+
+
+def test_without_a_pt_train_command_the_check_is_said_to_be_skipped(tmp_path):
+    """A job environment without pt-train and a pt-slurm installed alone: nothing here
+    can tell the config wrong, and the submit says so."""
     empty = tmp_path / "env"
     (empty / "bin").mkdir(parents=True)
     path = write(tmp_path, {"learnin_rate": 1})  # wrong, but nothing here can tell
-    proc = _without_pt_train("submit", str(path), f"slurm.python_env={empty}", "--dry-run")
+    venv = Path(sys.prefix)  # the same packages, in an environment without pt-* commands
+    alone = tmp_path / "alone"
+    (alone / "bin").mkdir(parents=True)
+    (alone / "bin" / "python").symlink_to(sys.executable)
+    (alone / "pyvenv.cfg").write_text((venv / "pyvenv.cfg").read_text())
+    (alone / "lib").symlink_to(venv / "lib")
+    code = "import sys; sys.argv[0] = 'pt-slurm'\nfrom pt_slurm.cli import main; main()"
+    proc = subprocess.run(
+        [str(alone / "bin" / "python"), "-c", code, "submit", str(path),
+         f"slurm.python_env={empty}", "--dry-run"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "not checked: pt_train is not importable here and no pt-train command was found" in (
-        " ".join(proc.stderr.split())
-    )
+    assert "not checked: no pt-train command was found in" in " ".join(proc.stderr.split())
 
 
-def test_pt_train_is_imported_only_to_check_a_train_stage(tmp_path):
-    """pt-slurm checks an eval stage's options without pt_train (or torch); only a train
-    stage's check imports pt_train's config module."""
+def test_pt_slurm_imports_neither_pt_train_nor_pt_data(tmp_path):
+    """pt-slurm checks a stage with the stage's own command, in a subprocess."""
     evaluate = tmp_path / "eval.yaml"
     evaluate.write_text(
         yaml.safe_dump({"run_name": "ev", "eval": {"model": "m", "benchmark": "b.jsonl"}})
@@ -101,9 +153,8 @@ def test_pt_train_is_imported_only_to_check_a_train_stage(tmp_path):
     code = (
         "import sys; from pt_slurm.submit import prepare; "
         f"prepare({str(evaluate)!r}, [], ['eval']); "
-        "assert 'pt_train' not in sys.modules and 'torch' not in sys.modules; "
         f"prepare({str(write(tmp_path, {}))!r}, []); "
-        "assert 'pt_train.config' in sys.modules"
+        "assert not {'pt_train', 'pt_data', 'torch'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 

@@ -20,8 +20,8 @@ def config(tmp_path, tiny_run_config):
 
 def check(cli, config, *overrides) -> dict:
     proc = cli("pt-train", "check", config, *overrides)
-    # the JSON, then "ok: <config>"
-    return json.loads(proc.stderr[: proc.stderr.rindex("ok:")])
+    assert f"ok: {config}" in proc.stderr
+    return json.loads(proc.stdout)  # the result, on stdout
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """`pt-data`: Load, transform, mix, template, tokenize, pack and inspect datasets.
 
     pt-data build data.yaml [data.seed=3 ...]     -> one manifest line on stdout
+    pt-data check data.yaml [data.seed=3 ...]     -> the resolved config, nothing read or built
     pt-data inspect data.yaml --stage tokenized -n 3
     pt-data stats data.yaml|DATASET [--plot lengths.png]
     pt-data pairs grades.jsonl|-                  -> preference pairs from graded rollouts
@@ -62,6 +63,24 @@ def build(
     cfg = load_data_config(config, overrides_of(overrides))
     fields = run_build(cfg, out_dir=out, skip_bad=skip_bad or None)
     emit_manifest("dataset", fields.pop("path"), **fields)
+
+
+@app.command()
+def check(
+    config: Path = typer.Argument(..., help="YAML file with a data: section"),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. data.seed=3"),
+) -> None:
+    """Validate a data config (its schema and transforms) without reading or building any
+    data; print the resolved config as JSON."""
+    from pt_core.config import config_to_dict
+    from pt_data.config import load_data_config
+    from pt_data.transforms import get_transform
+
+    cfg = load_data_config(config, overrides_of(overrides))
+    for dataset in cfg.datasets:
+        get_transform(dataset.transform_name)  # an unknown transform is refused by name
+    typer.echo(json.dumps({"config": config_to_dict(cfg), "datasets": len(cfg.datasets)}))
+    typer.echo(f"ok: {config}", err=True)
 
 
 @app.command()

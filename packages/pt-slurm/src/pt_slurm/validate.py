@@ -1,14 +1,13 @@
 """Check a stage's own config at submit, so that a mistake that would fail on every
 retry is refused before ``sbatch`` instead of failing ``max_failures`` times on the nodes.
 
-* train: pt-train's schema (``pt_train.config.load_train_config``) and its batch layout
-  at the job's world size (``batch_layout``), as ``pt-train check`` does. pt_train is
-  imported only here, and only for a train stage; where it is not importable (pt-slurm
-  installed without it), ``pt-train check`` of the job's environment is run instead.
-* data: pt-data's schema (``pt_data.config.load_data_config``).
+* train: ``pt-train check`` of the job's environment (its ``python_env``, else the one
+  running pt-slurm, else PATH) at the job's world size: the schema and the batch layout.
+* data: ``pt-data check`` of the same environment: the schema and the transforms.
 * rollout, eval: the option mapping, parsed by the command's own option parser.
 
-Each returns one line saying what was checked (or why nothing could be).
+The stage's tool is the one judge of its config: pt-slurm imports neither pt_train nor
+pt_data. Each returns one line saying what was checked (or why nothing could be).
 """
 
 from __future__ import annotations
@@ -16,7 +15,11 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
+import json
+import os
+import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,7 +55,7 @@ def validate_stage(
     if stage == "train":
         return _validate_train(run, config, overrides)
     if stage == "data":
-        return _validate_data(config, overrides)
+        return _validate_data(run, config, overrides)
     return _validate_flags(stage, data[stage], has_input=has_input)
 
 
@@ -69,25 +72,84 @@ def job_world_size(run: RunFile, nproc: int = 1) -> tuple[int, str]:
 def _validate_train(run: RunFile, config: Path | None, overrides: list[str]) -> str:
     if config is None:
         raise ConfigError("a train stage needs a config file (its `config:` key)")
-    try:
-        pt_train_config = importlib.import_module("pt_train.config")
-    except ImportError:
-        return _check_with_pt_train_command(run, config, overrides)
+    launcher = run.slurm.launcher or DEFAULT_LAUNCHER["train"]
+    if launcher == "none":  # pt-train starts launcher.nproc ranks on each node itself
+        size = ["--nodes", str(run.slurm.nodes)]
+        at = f"{run.slurm.nodes} node(s) x launcher.nproc"
+    else:
+        world, how = job_world_size(run)
+        size = ["--world-size", str(world)]
+        at = f"{world} ({how})"
+    report = _run_check(
+        "pt-train", run, config, [*overrides, *size], f"at the job's world size {at}"
+    )
+    if isinstance(report, str):
+        return report
+    tool, result = report
+    nproc = result["config"]["launcher"]["nproc"]
+    world, how = job_world_size(run, nproc)
+    return (
+        f"pt-train config checked at world size {world} ({how}): "
+        f"{result['grad_accum']} accumulation step(s), by {tool} check"
+    )
+
+
+def _validate_data(run: RunFile, config: Path | None, overrides: list[str]) -> str:
+    if config is None:
+        raise ConfigError("a data stage needs a config file with a data: section (`config:`)")
+    data_overrides = [o for o in overrides if o.startswith("data.")]
+    report = _run_check("pt-data", run, config, data_overrides, "")
+    if isinstance(report, str):
+        return report
+    tool, result = report
+    return f"pt-data config checked: {result['datasets']} dataset(s), by {tool} check"
+
+
+def _check_command(run: RunFile, name: str) -> Path | None:
+    """The job's own ``name`` command: in its environment's bin/, else beside the Python
+    running pt-slurm, else on PATH."""
+    bindir = python_bindir(run.slurm)
+    candidates = [Path(bindir, name)] if bindir else []
+    candidates.append(Path(sys.executable).with_name(name))
+    found = shutil.which(name)
+    candidates += [Path(found)] if found else []
+    return next((c for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
+
+
+def _run_check(
+    name: str, run: RunFile, config: Path, args: list[str], where: str
+) -> tuple[Path, dict] | str:
+    """Run ``name check CONFIG ARGS`` as the job would; its JSON result, or (when no such
+    command is found) one line saying the config was not checked. A config the command
+    refuses is one :class:`ConfigError` with its own words, naming ``config``."""
+    tool = _check_command(run, name)
+    if tool is None:
+        place = python_bindir(run.slurm) or "the container"
+        return f"not checked: no {name} command was found in {place}, beside pt-slurm or on PATH"
     with _without_option_mappings(config) as readable:
-        try:
-            cfg = pt_train_config.load_train_config(readable, overrides)
-        except ConfigError as exc:
-            raise ConfigError(
-                exc.message.replace(str(readable), str(config)), hint=exc.hint
-            ) from None
-    world, how = job_world_size(run, getattr(getattr(cfg, "launcher", None), "nproc", 1))
-    try:
-        accumulation = pt_train_config.batch_layout(cfg.training, world)
-    except ConfigError as exc:
+        proc = subprocess.run(
+            [str(tool), "check", str(readable), *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"},
+        )
+    said = [
+        line.strip().replace(str(readable), str(config))
+        for line in proc.stderr.splitlines()
+        if line.strip()
+    ]
+    if proc.returncode != 0:
+        words = " ".join(said[-3:] or [f"exit {proc.returncode}"])
         raise ConfigError(
-            f"{config}: at the job's world size {world} ({how}): {exc.message}", hint=exc.hint
+            f"`{name} check`{' ' + where if where else ''} refused the config: {words}"
+        )
+    try:
+        return tool, json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise ConfigError(
+            f"`{tool} check {config}` printed no JSON result",
+            hint=f"is {tool} the pt command of this version? ({' '.join(said[-1:])})",
         ) from None
-    return f"pt-train config checked at world size {world} ({how}): {accumulation} accumulation step(s)"
 
 
 @contextlib.contextmanager
@@ -115,47 +177,6 @@ def _without_option_mappings(config: Path) -> Iterator[Path]:
         copy = Path(tmp) / config.name
         copy.write_text(kept, encoding="utf-8")
         yield copy
-
-
-def _check_with_pt_train_command(run: RunFile, config: Path, overrides: list[str]) -> str:
-    """pt_train is not importable here: run the job environment's ``pt-train check``."""
-    bindir = python_bindir(run.slurm)
-    tool = Path(bindir or "", "pt-train")
-    if bindir is None or not tool.exists():
-        return (
-            "not checked: pt_train is not importable here and no pt-train command was found "
-            f"in {bindir or 'the container'}"
-        )
-    world, how = job_world_size(run)
-    launcher = run.slurm.launcher or DEFAULT_LAUNCHER["train"]
-    extra = [] if launcher == "none" else [f"launcher.nproc={world}"]
-    with _without_option_mappings(config) as readable:
-        proc = subprocess.run(
-            [str(tool), "check", str(readable), *overrides, *extra], capture_output=True, text=True
-        )
-    if proc.returncode != 0:
-        said = [
-            line.replace(str(readable), str(config))
-            for line in proc.stderr.splitlines()
-            if line.strip()
-        ]
-        raise ConfigError(
-            f"{config}: `pt-train check` at the job's world size {world} ({how}) failed: "
-            + " ".join(said[-3:] or [f"exit {proc.returncode}"])
-        )
-    return f"pt-train config checked with {tool} check at world size {world} ({how})"
-
-
-def _validate_data(config: Path | None, overrides: list[str]) -> str:
-    if config is None:
-        raise ConfigError("a data stage needs a config file with a data: section (`config:`)")
-    try:
-        pt_data_config = importlib.import_module("pt_data.config")
-    except ImportError:
-        return "not checked: pt_data is not importable here"
-    data_overrides = [o for o in overrides if o.startswith("data.")]
-    cfg = pt_data_config.load_data_config(config, data_overrides)
-    return f"pt-data config checked: {len(cfg.datasets)} dataset(s)"
 
 
 def _validate_flags(stage: str, options: dict[str, Any], *, has_input: bool) -> str:

@@ -124,27 +124,42 @@ def init(
 def check(
     config: Path = typer.Argument(..., help="Training config (YAML)."),
     overrides: list[str] = typer.Argument(None, help="key.path=value overrides."),
+    world_size: int = typer.Option(
+        None, "--world-size", min=1, help="Ranks of the whole job (default: launcher.nproc)."
+    ),
+    nodes: int = typer.Option(
+        None,
+        "--nodes",
+        min=1,
+        help="Nodes that each start launcher.nproc ranks (world size = nodes x launcher.nproc).",
+    ),
 ) -> None:
     """Validate a config (and show the DeepSpeed JSON it gives) without training."""
     from pt_core.config import config_to_dict
+    from pt_core.errors import InputError
     from pt_train.config import batch_layout, load_train_config
     from pt_train.trainer import deepspeed_config
 
+    if world_size is not None and nodes is not None:
+        raise InputError("--world-size and --nodes both say the world size", hint="give one")
     cfg = load_train_config(config, split_overrides(overrides))
-    world = cfg.launcher.nproc
+    world = world_size or (nodes or 1) * cfg.launcher.nproc
     accum = batch_layout(cfg.training, world)
     ds = deepspeed_config(cfg, accum, cfg.training.precision == "bf16")
-    console.print_json(
-        json.dumps(
-            {
-                "config": config_to_dict(cfg),
-                "world_size": world,
-                "grad_accum": accum,
-                "gradient_clipping": _gradient_clipping(cfg, ds),
-                "deepspeed": ds,
-            }
-        )
-    )
+    result = {
+        "config": config_to_dict(cfg),
+        "world_size": world,
+        "grad_accum": accum,
+        "gradient_clipping": _gradient_clipping(cfg, ds),
+        "deepspeed": ds,
+    }
+    # the result on stdout (for jq, pt-slurm), highlighted in a terminal
+    if sys.stdout.isatty():
+        from rich.console import Console
+
+        Console().print_json(json.dumps(result))
+    else:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
     console.print(f"[green]ok[/green]: {config}")
 
 
