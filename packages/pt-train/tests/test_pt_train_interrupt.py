@@ -5,6 +5,7 @@ saving, and the run resumes from its last complete checkpoint."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
@@ -109,3 +110,100 @@ def test_a_second_ctrl_c_stops_at_once_and_the_last_complete_checkpoint_stays_th
         f"{run.run_dir / 'checkpoints' / 'step-4'}" in err
     )
     assert latest(run.run_dir) == "step-4"
+
+
+def test_ctrl_c_on_two_local_ranks_saves_on_both_exits_130_and_leaves_no_rank(
+    workdir, pt_train_run
+):
+    """With launcher.nproc=2 the ranks run in a session of their own, so a terminal's
+    Ctrl-C reaches `pt-train run` alone (here: SIGINT to it alone); it passes the SIGINT
+    on, both ranks save the same step (each its own RNG state) and exit 130, which is a
+    stop, not a failed rank, and the job says once where the run resumes."""
+    import psutil
+
+    run = pt_train_run(workdir / "train.yaml", "ranks", "launcher.nproc=2")
+    metrics = run.run_dir / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, run)
+    ranks = psutil.Process(run.proc.pid).children()
+    assert len(ranks) == 2
+    assert all(os.getsid(r.pid) != os.getsid(run.proc.pid) for r in ranks)
+    run.proc.send_signal(signal.SIGINT)
+    code, out, err = run.finish()
+
+    assert code == Interrupted.exit_code == 130, err
+    assert out == ""
+    assert "Traceback" not in err and "exited with" not in err
+    stopped = latest(run.run_dir)
+    step = int(stopped.split("-")[1])
+    assert 3 <= step < STEPS
+    checkpoint = run.run_dir / "checkpoints" / stopped
+    assert (checkpoint / "rng-rank0.pt").exists() and (checkpoint / "rng-rank1.pt").exists()
+    assert err.count("the same command resumes the run from") == 1
+    assert (
+        f"error: interrupted at step {step}: the same command resumes the run from {checkpoint}"
+        in err
+    )
+    assert err.count("Ctrl-C again to stop at once") == 1
+    assert not list((run.run_dir / "checkpoints").glob(".tmp-*"))
+    assert not any(r.is_running() for r in ranks)
+
+
+def test_a_second_ctrl_c_on_two_local_ranks_stops_both_at_once(workdir, pt_train_run):
+    """Both ranks stall at step 5 (0-based): the first SIGINT, passed on, asks for a
+    checkpoint at its end, which never comes; the second, passed on too, stops both ranks
+    then and there, and step-4 stays where the same command goes on."""
+    import psutil
+
+    run = pt_train_run(
+        workdir / "train.yaml", "ranks-twice", "launcher.nproc=2",
+        stall="at=step,step=5,seconds=inf",
+    )  # fmt: skip
+    wait_for(lambda: "stalls inf s at step 5" in run.stderr(), run)
+    ranks = psutil.Process(run.proc.pid).children()
+    run.proc.send_signal(signal.SIGINT)
+    wait_for(lambda: "Ctrl-C again" in run.stderr(), run)
+    run.proc.send_signal(signal.SIGINT)
+    code, out, err = run.finish(timeout=60)
+
+    assert code == 130, err
+    assert "Traceback" not in err and "exited with" not in err
+    assert err.count("the same command resumes the run from") == 1
+    assert (
+        "error: interrupted again, without saving: the same command resumes the run from "
+        f"{run.run_dir / 'checkpoints' / 'step-4'}" in err
+    )
+    assert latest(run.run_dir) == "step-4"
+    assert not any(r.is_running() for r in ranks)
+
+
+def test_the_ranks_of_a_killed_parent_save_and_stop_rather_than_run_on(workdir, pt_train_run):
+    """kill -9 of `pt-train run launcher.nproc=2` runs nothing of it: the kernel sends each
+    rank SIGTERM as its parent ends (they are in a session of their own, which no terminal
+    signals), and they stop as on any SIGTERM, with a checkpoint of the step they were at."""
+    import psutil
+
+    def ended(proc) -> bool:
+        # an orphan's exit status is for its new parent to collect: a zombie has ended
+        try:
+            return proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    run = pt_train_run(workdir / "train.yaml", "orphans", "launcher.nproc=2")
+    metrics = run.run_dir / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, run)
+    ranks = psutil.Process(run.proc.pid).children()
+    assert len(ranks) == 2
+    run.proc.kill()
+    run.finish()
+    deadline = time.monotonic() + 300
+    while not all(ended(r) for r in ranks):
+        assert time.monotonic() < deadline, run.stderr()
+        time.sleep(0.05)
+
+    err = run.stderr()
+    step = int(latest(run.run_dir).split("-")[1])
+    assert 3 <= step < STEPS
+    assert f"stopped by signal SIGTERM at step {step}; checkpoint saved" in err
+    assert "Traceback" not in err
+    assert not list((run.run_dir / "checkpoints").glob(".tmp-*"))

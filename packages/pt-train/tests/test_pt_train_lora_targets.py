@@ -50,6 +50,28 @@ def test_names_that_all_match_are_accepted(model):
     check_target_names(model, ["q_proj", "self_attn.v_proj", "layers.0.mlp.up_proj"])
 
 
+def test_the_names_are_checked_on_the_skeleton_of_a_saved_model_without_its_weights(
+    tiny_model_dir, tiny_tokenizer
+):
+    """A run checks the names before it loads the model or writes its directory: on the
+    model built from its config on the meta device, which names the same layers."""
+    from pt_train.config import LoraSection, ModelConfig
+    from pt_train.lora import check_lora_targets
+    from pt_train.model import model_skeleton
+
+    model_cfg = ModelConfig(
+        name_or_path=str(tiny_model_dir), lora=LoraSection(target_modules=["q_proj", "v_prj"])
+    )
+    skeleton = model_skeleton(model_cfg, tiny_tokenizer)
+    assert {p.device.type for p in skeleton.parameters()} == {"meta"}
+    with pytest.raises(ConfigError) as err:
+        check_lora_targets(model_cfg, tiny_tokenizer)
+    assert err.value.message == (
+        "model.lora.target_modules=['v_prj'] matches no layer of LlamaForCausalLM"
+    )
+    assert err.value.hint.startswith("closest: v_prj -> v_proj")
+
+
 @pytest.mark.slow
 def test_pt_train_run_exits_2_with_one_error_line_and_the_fix(
     tmp_path, tiny_run_config, pt_train_run
@@ -69,3 +91,5 @@ def test_pt_train_run_exits_2_with_one_error_line_and_the_fix(
     assert code == 2 and out == "" and "Traceback" not in err
     assert "error: model.lora.target_modules=['v_prj'] matches no layer of LlamaForCausalLM" in err
     assert "fix: closest: v_prj -> v_proj" in err
+    # refused before the run wrote anything: no run directory, nor the output_dir above it
+    assert not (tmp_path / "runs").exists()

@@ -164,15 +164,16 @@ def make_main(app: typer.Typer) -> Callable[[], None]:
 
 def report_error(exc: PtError) -> None:
     """One ``error:`` line (and a ``fix:`` line). In a job of several ranks, a config or
-    input error is the same on every rank and is printed by rank 0 alone; any other is
-    printed by the rank it happened on, which it names."""
+    input error, or a Ctrl-C (where the run resumes), is the same on every rank and is
+    printed by rank 0 alone; any other is printed by the rank it happened on, which it
+    names."""
     from rich.text import Text
 
-    from pt_core.errors import ConfigError, InputError
+    from pt_core.errors import ConfigError, InputError, Interrupted
     from pt_core.log import current_rank
 
     rank = current_rank()
-    if rank and isinstance(exc, ConfigError | InputError):
+    if rank and isinstance(exc, ConfigError | InputError | Interrupted):
         return
     if rank:
         exc.message = f"[rank {rank}] {exc.message}"

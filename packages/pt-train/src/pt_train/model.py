@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from pt_core.log import get_logger
 
 log = get_logger(__name__)
@@ -140,34 +142,10 @@ def load_model(model_cfg, tokenizer, *, dtype, seed: int, fused_ops: bool = Fals
     from pt_core.errors import ConfigError
 
     if model_cfg.init is not None:
-        init = model_cfg.init
-        try:
-            model = build_llama(
-                tokenizer,
-                hidden_size=init.hidden_size,
-                num_layers=init.num_layers,
-                num_heads=init.num_heads,
-                num_kv_heads=init.num_kv_heads,
-                intermediate_size=init.intermediate_size,
-                max_position_embeddings=init.max_position_embeddings,
-                tie_word_embeddings=init.tie_word_embeddings,
-                vocab_size=init.vocab_size,
-                seed=seed,
-            )
-        except ValueError as exc:
-            raise ConfigError(f"model.init: {exc}", hint="change the model.init sizes") from None
-        model = model.to(dtype)
+        model = _initial_llama(model_cfg.init, tokenizer, seed=seed).to(dtype)
     else:
-        from pt_core.hub import require_local_or_hub
-
-        require_local_or_hub(model_cfg.name_or_path, "model.name_or_path", error=ConfigError)
-        try:
+        with _loading(model_cfg):
             model = AutoModelForCausalLM.from_pretrained(model_cfg.name_or_path, dtype=dtype)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(
-                f"cannot load model.name_or_path={model_cfg.name_or_path!r} ({exc})",
-                hint="give a local model directory or a hub name (the hub needs a network)",
-            ) from None
     try:
         model.set_attn_implementation(model_cfg.attn_implementation)
     except (ImportError, ValueError) as exc:
@@ -197,6 +175,59 @@ def load_model(model_cfg, tokenizer, *, dtype, seed: int, fused_ops: bool = Fals
         counts = apply_fused_ops(model)
         log.info("fused ops: %d MLP and %d RMSNorm modules", counts["mlp"], counts["rms_norm"])
     return model
+
+
+def model_skeleton(model_cfg, tokenizer):
+    """The model of ``model_cfg`` with its modules on the meta device: its layer names and
+    shapes, from the config alone (no weight read or drawn, the RNG streams untouched), to
+    check a config against before the run loads the model or writes anything."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"), torch.random.fork_rng(devices=[]):
+        if model_cfg.init is not None:
+            return _initial_llama(model_cfg.init, tokenizer, seed=0)
+        with _loading(model_cfg):
+            config = AutoConfig.from_pretrained(model_cfg.name_or_path)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def _initial_llama(init, tokenizer, *, seed: int):
+    """The random model of ``model.init``; sizes that do not fit are a config error."""
+    from pt_core.errors import ConfigError
+
+    try:
+        return build_llama(
+            tokenizer,
+            hidden_size=init.hidden_size,
+            num_layers=init.num_layers,
+            num_heads=init.num_heads,
+            num_kv_heads=init.num_kv_heads,
+            intermediate_size=init.intermediate_size,
+            max_position_embeddings=init.max_position_embeddings,
+            tie_word_embeddings=init.tie_word_embeddings,
+            vocab_size=init.vocab_size,
+            seed=seed,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"model.init: {exc}", hint="change the model.init sizes") from None
+
+
+@contextlib.contextmanager
+def _loading(model_cfg):
+    """Reading ``model.name_or_path`` (the model or its config): a path that is not there,
+    or that holds no model transformers can read, is a config error naming it."""
+    from pt_core.errors import ConfigError
+    from pt_core.hub import require_local_or_hub
+
+    require_local_or_hub(model_cfg.name_or_path, "model.name_or_path", error=ConfigError)
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"cannot load model.name_or_path={model_cfg.name_or_path!r} ({exc})",
+            hint="give a local model directory or a hub name (the hub needs a network)",
+        ) from None
 
 
 def save_initial_model(cfg, out_dir):

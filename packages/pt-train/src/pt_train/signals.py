@@ -43,12 +43,14 @@ class StopRequest:
         if signum == signal.SIGINT:
             if self.interrupted:
                 raise KeyboardInterrupt  # the second Ctrl-C: stop now, without saving
-            # os.write, not print: a handler may run in the middle of another write to stderr
-            os.write(
-                2,
-                b"interrupt: saving a checkpoint at the end of this step, then stopping "
-                b"(Ctrl-C again to stop at once, without saving)\n",
-            )
+            # os.write, not print: a handler may run in the middle of another write to stderr.
+            # Rank 0 alone speaks for a job of several ranks (all of them get the SIGINT).
+            if os.environ.get("RANK", "0") == "0":
+                os.write(
+                    2,
+                    b"interrupt: saving a checkpoint at the end of this step, then stopping "
+                    b"(Ctrl-C again to stop at once, without saving)\n",
+                )
         if self.requested and signum != signal.SIGINT:
             return  # a SIGTERM after Ctrl-C: the stop is already on its way, keep its kind
         self.requested = True

@@ -49,7 +49,7 @@ from pt_train.distributed import DistEnv, all_reduce, barrier, init_distributed,
 from pt_train.engine import PlainEngine, use_plain_engine
 from pt_train.fingerprint import check_data_fingerprint, data_fingerprint, write_data_fingerprint
 from pt_train.logprobs import HeadRequest, install_token_head, other_model_hidden
-from pt_train.lora import AdaptersOff, hf_model, shares_reference
+from pt_train.lora import AdaptersOff, check_lora_targets, hf_model, shares_reference
 from pt_train.metrics import MetricsWriter, peak_flops, peak_memory_gb, training_flops_per_token
 from pt_train.model import load_model, load_tokenizer
 from pt_train.objectives import REGISTRY, Needs, Objective, build_objective
@@ -148,6 +148,9 @@ class Trainer:
         self._prepare_run_dir(force_resume)
 
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path, key=cfg.model.tokenizer_key)
+        # LoRA targets that match no layer are refused before anything is written to the
+        # run directory (a precomputed reference, below, is written before the model loads).
+        check_lora_targets(cfg.model, self.tokenizer)
         # Before any row is tokenized or prompt rendered: the run's template and EOS.
         self.chat_format = run_chat_format(cfg, self.tokenizer, announce=self.env.is_main)
         self.objective: Objective = build_objective(cfg.objective)
