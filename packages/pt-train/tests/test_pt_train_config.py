@@ -84,6 +84,23 @@ def test_resume_check_ignores_save_and_log_frequencies_only():
     assert resume_changed_keys(old, new) == ["training.learning_rate"]
 
 
+def test_resume_check_takes_a_path_written_another_way_as_the_same(tmp_path, monkeypatch):
+    """`--data out/data/sft` and `pt-data build ... | pt-train run --data -` (whose manifest
+    gives the absolute path) name one dataset; another directory is a change."""
+    (tmp_path / "out" / "data" / "sft").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path)
+    old = config(max_steps=5).model_dump(mode="json")
+    new = config(max_steps=5).model_dump(mode="json")
+    old["data"]["path"] = str(tmp_path / "out" / "data" / "sft")
+    new["data"]["path"] = "out/data/sft"
+    assert resume_changed_keys(old, new) == []
+    new["data"]["path"] = "other"
+    assert resume_changed_keys(old, new) == ["data.path"]
+    new["data"]["path"] = "missing/elsewhere"
+    assert resume_changed_keys(old, new) == ["data.path"]
+
+
 def test_warmup_then_cosine_to_the_floor():
     t = config(
         max_steps=10, learning_rate=1.0, warmup_steps=2, min_lr_ratio=0.1, lr_schedule="cosine"

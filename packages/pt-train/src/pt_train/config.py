@@ -488,8 +488,32 @@ RESUME_FREE_KEYS = (
 
 
 def resume_changed_keys(old: dict, new: dict) -> list[str]:
-    """The keys of a run's frozen config that a resumed run changes, free keys left out."""
-    return changed_keys(old, new, ignore=RESUME_FREE_KEYS)
+    """The keys of a run's frozen config that a resumed run changes, free keys left out.
+    A path written another way (``out/data/sft`` then the absolute path a manifest on
+    stdin gives) is the same value when both name the same existing file or directory."""
+    return [
+        key
+        for key in changed_keys(old, new, ignore=RESUME_FREE_KEYS)
+        if not _same_path(_value_at(old, key), _value_at(new, key))
+    ]
+
+
+def _value_at(tree: dict, key: str):
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def _same_path(a, b) -> bool:
+    if not (isinstance(a, str) and isinstance(b, str)) or a == b:
+        return False
+    try:
+        pa, pb = Path(a).expanduser(), Path(b).expanduser()
+        return (pa.exists() or pb.exists()) and pa.resolve() == pb.resolve()
+    except (OSError, ValueError):
+        return False
 
 
 def batch_layout(training: TrainingConfig, world_size: int) -> int:
