@@ -1,12 +1,9 @@
 """docs/coming-from.md's commands, and docs/pt-train.md's plots of the quickstart's runs,
-run as written in a quickstart output directory: one made by the quickstart's own
-configs with fewer rows and steps (runs/sft, runs/dft, runs/dpo with its evaluations,
-data/sft, data/test-prompts, manifest-sft.json), beside examples/ as
-``quickstart-out/`` is after ``bash examples/quickstart/run.sh`` in the repository."""
+run as written in a quickstart output directory: the session's ``quickstart_out``
+(tests/conftest.py), made by the quickstart's own configs with fewer rows and steps."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -16,63 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from shell import sh
 
 REPO = Path(__file__).resolve().parents[1]
-QUICKSTART = REPO / "examples" / "quickstart"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # six runs of the tools
-
-
-def sh(command: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        ["bash", "-o", "pipefail", "-c", command],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc
-
-
-@pytest.fixture(scope="module")
-def quickstart_out(tmp_path_factory):
-    """The quickstart's steps 1-5 on 200 problems and a few steps each; DPO on 16 pairs
-    written here instead of the SFT model's graded samples (a 4-step model has no correct
-    sample to pair), with an evaluation after every step."""
-    root = tmp_path_factory.mktemp("repo")
-    (root / "examples").symlink_to(REPO / "examples")
-    out = root / "quickstart-out"
-    out.mkdir()
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "HF_HUB_OFFLINE": "1",
-        "DS_ACCELERATOR": "cpu",
-        "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": "1",
-    }
-    pairs = [
-        {"prompt": f"What is {a} + 2?", "chosen": f"{a + 2}.", "rejected": f"{a + 3}."}
-        for a in range(16)
-    ]
-    (out / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    q = QUICKSTART
-    for command in (
-        "pt-data synth arithmetic --n 200 --n-test 20 --out synth",
-        "pt-data tokenizer --texts synth/train.jsonl --out tokenizer",
-        f"pt-data build {q}/prompts.yaml",
-        f"pt-data build {q}/data.yaml | pt-train run {q}/sft.yaml --data - training.max_steps=4"
-        " training.inference_steps=2 training.logging_steps=1 > manifest-sft.json",
-        f"pt-train run {q}/finetune.yaml --data data/sft model.name_or_path=runs/sft/inference/"
-        "step-2 training.max_steps=2 training.logging_steps=1",
-        f"pt-train run {q}/dpo.yaml --data pairs.jsonl model.name_or_path=runs/sft/inference/"
-        "step-4 training.num_epochs=null training.max_steps=2 eval.steps=1",
-    ):
-        sh(command, out, env)
-    return out, env
 
 
 def commands_of(block: str) -> list[str]:
