@@ -1,12 +1,14 @@
-"""LoRA variants through peft, as keys of ``model.lora``: DoRA (``use_dora``) and rsLoRA
-(``use_rslora``) train, resume exactly from adapter-only checkpoints and merge into a
-plain checkpoint as LoRA does; QLoRA (``load_in_4bit``) is refused with the config, with
-the reason and the fix."""
+"""LoRA variants through peft, as keys of ``model.lora``: DoRA (``use_dora``), rsLoRA
+(``use_rslora``) and QLoRA (``load_in_4bit``, a 4-bit NF4 base through bitsandbytes) train,
+resume exactly from adapter-only checkpoints (QLoRA: not yet bit-exact) and merge into a
+plain full-precision checkpoint as LoRA does; QLoRA where it cannot work (no bitsandbytes, ZeRO stage > 0) is
+refused with the config, with the reason and the fix."""
 
 from __future__ import annotations
 
 import json
 import signal
+import sys
 import time
 
 import pytest
@@ -18,16 +20,17 @@ from pt_core.contracts import REQUEUE_EXIT_CODE
 
 STEPS = 6
 VARIANTS = {"dora": {"use_dora": True}, "rslora": {"use_rslora": True}}
+ALL_CONFIGS = {**VARIANTS, "qlora": {"load_in_4bit": True}}
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory, tiny_run_config):
+def workdir(tmp_path_factory, tiny_run_config, tiny_model_dir):
     root = tmp_path_factory.mktemp("lora-variants")
     with open(root / "rows.jsonl", "w") as fh:
         for i in range(24):
             ids = [5 + (i * 11 + j) % 250 for j in range(12 + i % 7)]
             fh.write(json.dumps({"input_ids": ids, "labels": [-100] * 3 + ids[3:]}) + "\n")
-    for name, keys in VARIANTS.items():
+    for name, keys in ALL_CONFIGS.items():
         config = tiny_run_config(
             root / "runs", root / "rows.jsonl", {"name": "sft"},
             learning_rate=1e-2, global_batch_size=4, micro_batch_size=2, max_steps=STEPS,
@@ -36,6 +39,9 @@ def workdir(tmp_path_factory, tiny_run_config):
         targets = ["q_proj", "v_proj", "gate_proj"]
         config["model"]["lora"] = {"r": 4, "alpha": 8, "dropout": 0.1, "target_modules": targets}
         config["model"]["lora"].update(keys)
+        if name == "qlora":  # a 4-bit base is quantized from pretrained weights (the same
+            # as model.init's seed 0)
+            config["model"] = {"name_or_path": str(tiny_model_dir), "lora": config["model"]["lora"]}
         (root / f"{name}.yaml").write_text(yaml.safe_dump(config))
     return root
 
@@ -89,9 +95,13 @@ def test_a_variant_trains_resumes_exactly_and_merges_into_a_plain_checkpoint(
         b = load_file(resumed / f"inference/step-{STEPS}" / name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
 
-    # The merged checkpoint is the adapted model: its logits are those of the base with the
-    # saved adapter through peft, to float rounding, and far from the base's own.
+    # The merged checkpoint is the adapted model: its logits are those of the full-precision
+    # base with the saved adapter through peft, to float rounding (fp32 merged weights
+    # against the same sums taken apart: ~1e-6 here), and far from the base's own. For QLoRA
+    # too: the adapters merge into the base loaded again in full precision, never into its
+    # 4-bit layers (which would round the merged weights to 4 bits: ~1e-1 apart here).
     inference = whole / f"inference/step-{STEPS}"
+    assert "quantization_config" not in json.loads((inference / "config.json").read_text())
     adapter_config = json.loads((inference / "adapter/adapter_config.json").read_text())
     assert adapter_config["use_dora"] == (variant == "dora")
     assert adapter_config["use_rslora"] == (variant == "rslora")
@@ -102,6 +112,65 @@ def test_a_variant_trains_resumes_exactly_and_merges_into_a_plain_checkpoint(
     merged = AutoModelForCausalLM.from_pretrained(inference).eval()
     assert (logits(merged, ids) - logits(adapted, ids)).abs().max().item() <= 1e-5
     assert (logits(merged, ids) - base_logits).abs().max().item() > 1e-2
+
+
+@pytest.mark.slow
+def test_qlora_trains_and_merges_into_the_full_precision_base(
+    workdir, pt_train_run, tiny_tokenizer
+):
+    """A 4-bit NF4 base (bitsandbytes, on this CPU) trains its adapters, and the inference
+    checkpoint is a plain fp32 model: the full-precision base with the trained adapter
+    merged, to float rounding (1e-5; ~1e-6 here), never a merge into the 4-bit layers
+    (~1e-1 away on this model), and far from the base's own logits."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from pt_train.model import build_llama
+
+    code, _, err = pt_train_run(workdir / "qlora.yaml", "qlora").finish()
+    assert code == 0, err
+    assert "QLoRA: the base is loaded as 4-bit NF4 (bitsandbytes)" in err
+    run = workdir / "runs" / "qlora"
+    state = torch.load(run / f"checkpoints/step-{STEPS}/plain/state.pt", weights_only=False)
+    assert state["module"] and all(".lora_" in k for k in state["module"])  # no 4-bit base
+    inference = run / f"inference/step-{STEPS}"
+    assert "quantization_config" not in json.loads((inference / "config.json").read_text())
+    base = build_llama(tiny_tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=0).eval()
+    ids = torch.tensor([list(range(5, 45))])
+    base_logits = logits(base, ids)
+    adapted = PeftModel.from_pretrained(base, inference / "adapter").eval()
+    merged = AutoModelForCausalLM.from_pretrained(inference).eval()
+    assert (logits(merged, ids) - logits(adapted, ids)).abs().max().item() <= 1e-5
+    assert (logits(merged, ids) - base_logits).abs().max().item() > 1e-2
+
+
+@pytest.mark.slow
+def test_qlora_without_dropout_resumes_exactly(workdir, pt_train_run):
+    """With lora.dropout 0 a QLoRA run stopped by SIGTERM and resumed from its adapter-only
+    checkpoint ends with the uninterrupted run's losses and adapters, bit for bit. (With
+    dropout > 0 two QLoRA runs of one config already part at step 2 on this CPU, which
+    LoRA on a full-precision base does not: see docs/pt-train.md.)"""
+    config, keys = workdir / "qlora.yaml", ("model.lora.dropout=0",)
+    code, _, err = pt_train_run(config, "qlora-whole", *keys).finish()
+    assert code == 0, err
+    run = pt_train_run(config, "qlora-resumed", *keys)
+    metrics = run.run_dir.parent / "qlora-resumed" / "metrics.jsonl"
+    while run.proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            run.proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.01)
+    code, _, err = run.finish()
+    assert code == REQUEUE_EXIT_CODE, err
+    stopped = (metrics.parent / "checkpoints" / "latest").read_text().strip()
+    assert int(stopped.split("-")[1]) < STEPS
+    code, _, err = pt_train_run(config, "qlora-resumed", *keys).finish()
+    assert code == 0, err
+    whole, resumed = workdir / "runs" / "qlora-whole", metrics.parent
+    assert losses(resumed) == losses(whole)
+    name = f"inference/step-{STEPS}/adapter/adapter_model.safetensors"
+    a, b = load_file(whole / name), load_file(resumed / name)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_rslora_scales_the_update_by_alpha_over_the_root_of_r(tiny_tokenizer):
@@ -149,14 +218,44 @@ def test_dora_merge_scales_each_row_to_its_magnitude(tiny_tokenizer):
         assert torch.allclose(x @ merged.T, layer(x), atol=1e-5)
 
 
-def test_qlora_is_refused_with_the_config_saying_why(tmp_path, tiny_run_config, cli):
-    """No bitsandbytes here (or no CUDA device for its 4-bit layers): `pt-train check`
-    refuses, with the fix, before any work."""
+def test_qlora_without_bitsandbytes_is_refused_with_the_fix(
+    tmp_path, tiny_run_config, tiny_model_dir, pt_train_in_process, monkeypatch
+):
+    """A 4-bit base needs bitsandbytes (here made unimportable): `pt-train check` refuses,
+    naming the extra to install, before any work."""
     config = tiny_run_config(tmp_path / "runs", tmp_path, {"name": "sft"})
-    config["model"]["lora"] = {"load_in_4bit": True}
+    config["model"] = {"name_or_path": str(tiny_model_dir), "lora": {"load_in_4bit": True}}
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
-    proc = cli("pt-train", "check", tmp_path / "train.yaml", check=False)
-    err = " ".join(proc.stderr.split())
-    assert proc.returncode == 2 and "Traceback" not in err
-    assert err.count("error:") == 1 and "load_in_4bit (QLoRA)" in err
-    assert "fix:" in err and "model.lora.load_in_4bit=false" in err
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    code, _, err = pt_train_in_process("check", tmp_path / "train.yaml")
+    err = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err
+    assert err.count("error:") == 1 and "needs the bitsandbytes package" in err
+    assert "fix: pip install 'pt-train[qlora]'" in err
+
+
+@pytest.mark.parametrize(
+    ("source", "deepspeed", "says"),
+    [
+        ("name_or_path", {"zero_stage": 2}, "deepspeed.zero_stage=2"),
+        ("init", {}, "nothing to quantize"),
+    ],
+    ids=["zero2", "init"],
+)
+def test_qlora_where_it_cannot_work_is_refused_with_the_config(
+    tmp_path, tiny_run_config, tiny_model_dir, pt_train_in_process, source, deepspeed, says
+):
+    """ZeRO partitions the weights, which a 4-bit base's packed ones cannot be; a random
+    model.init has no pretrained weights to quantize. Both refused by `pt-train check`,
+    one line with the fix."""
+    config = tiny_run_config(tmp_path / "runs", tmp_path, {"name": "sft"})
+    if source == "name_or_path":
+        config["model"] = {"name_or_path": str(tiny_model_dir)}
+    config["model"]["lora"] = {"load_in_4bit": True}
+    config["deepspeed"] = deepspeed
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    code, _, err = pt_train_in_process("check", tmp_path / "train.yaml")
+    err = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err
+    assert err.count("error:") == 1 and "load_in_4bit (QLoRA)" in err and says in err
+    assert "fix:" in err

@@ -48,7 +48,14 @@ from pt_core.files import atomic_path, atomic_write_json, atomic_write_text
 from pt_core.log import get_logger
 from pt_train.distributed import DistEnv, barrier
 from pt_train.engine import PlainEngine, load_engine, save_engine
-from pt_train.lora import hf_model, is_lora, merged_state_dict, save_adapter
+from pt_train.lora import (
+    hf_model,
+    is_four_bit,
+    is_lora,
+    merged_full_precision,
+    merged_state_dict,
+    save_adapter,
+)
 from pt_train.watchdog import TestStall
 
 log = get_logger(__name__)
@@ -496,10 +503,15 @@ def write_inference_checkpoint(
     """The one writer of inference checkpoints: safetensors weights, config (KV cache on),
     tokenizer, generation config and ``pt_train.json``, written to a temporary directory
     and renamed into place. A LoRA model (a peft model; ``state_dict``, if given, its own)
-    is written merged, with its adapter in ``adapter/``."""
+    is written merged, with its adapter in ``adapter/``; a QLoRA model merged into its base
+    loaded again in full precision (:func:`pt_train.lora.merged_full_precision`)."""
     with disk_full_as_error(path, kept="nothing written there"), atomic_path(path) as tmp:
         tmp.mkdir()
-        if is_lora(model):
+        if is_four_bit(model):  # QLoRA: merged into the full-precision base
+            peft_state = state_dict if state_dict is not None else model.state_dict()
+            save_adapter(model, tmp / "adapter", peft_state)
+            model, state_dict = merged_full_precision(model, peft_state), None
+        elif is_lora(model):
             peft_state = state_dict if state_dict is not None else model.state_dict()
             save_adapter(model, tmp / "adapter", peft_state)
             state_dict = merged_state_dict(model, peft_state)

@@ -71,9 +71,10 @@ class LoraSection(Section):
     use_dora: bool = False
     # rsLoRA (Kalajdzievski 2023, arXiv:2312.03732): the update scaled by alpha / sqrt(r).
     use_rslora: bool = False
-    # QLoRA (Dettmers et al. 2023, arXiv:2305.14314), a frozen base in 4-bit NF4 through
-    # bitsandbytes: refused, saying why (no bitsandbytes, no CUDA device, or, with both,
-    # that pt-train does not load a 4-bit base yet).
+    # QLoRA (Dettmers et al. 2023, arXiv:2305.14314): the frozen base loaded from
+    # model.name_or_path in 4-bit NF4 through bitsandbytes (pip install 'pt-train[qlora]'),
+    # the adapters trained on top; inference checkpoints merge the adapters into the base
+    # loaded again in full precision (pt_train.lora).
     load_in_4bit: bool = False
 
     @field_validator("target_modules", mode="before")
@@ -82,30 +83,17 @@ class LoraSection(Section):
         return [value] if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _no_four_bit_base(self):
-        """Checked with the config, before any work: why a 4-bit base cannot be had."""
-        if not self.load_in_4bit:
-            return self
+    def _four_bit_needs_bitsandbytes(self):
+        """Checked with the config, before any work."""
         import importlib.util
 
-        if importlib.util.find_spec("bitsandbytes") is None:
+        if self.load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:
             raise ValueError(
                 "load_in_4bit (QLoRA) needs the bitsandbytes package, which is not installed"
-                "\n  fix: pip install bitsandbytes on a machine with a CUDA GPU, or set "
-                "model.lora.load_in_4bit=false to train LoRA on the full-precision base"
+                "\n  fix: pip install 'pt-train[qlora]', or set model.lora.load_in_4bit=false "
+                "to train LoRA on the full-precision base"
             )
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(
-                "load_in_4bit (QLoRA) needs a CUDA GPU: bitsandbytes' 4-bit layers do not "
-                "train on this CPU\n  fix: set model.lora.load_in_4bit=false to train LoRA on "
-                "the full-precision base, or run on a GPU"
-            )
-        raise ValueError(
-            "load_in_4bit (QLoRA): pt-train loads the base in full precision and does not "
-            "quantize it to 4 bits yet\n  fix: set model.lora.load_in_4bit=false"
-        )
+        return self
 
 
 class ModelConfig(Section):
@@ -126,6 +114,12 @@ class ModelConfig(Section):
             raise ValueError(
                 "give exactly one of model.name_or_path (a hub name or local path) "
                 "or model.init (random weights)"
+            )
+        if self.init is not None and self.lora is not None and self.lora.load_in_4bit:
+            raise ValueError(
+                "model.lora.load_in_4bit (QLoRA) quantizes pretrained weights, and model.init "
+                "draws random ones: there is nothing to quantize\n  fix: give "
+                "model.name_or_path, or set model.lora.load_in_4bit=false"
             )
         return self
 
@@ -404,6 +398,28 @@ class TrainConfig(Section):
             raise ValueError(
                 f"reward.{key} has no effect: objective {self.objective.name} trains on no "
                 "reward; remove the reward section"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _four_bit_base_is_whole(self):
+        """A 4-bit base (QLoRA) stays whole on every rank: ZeRO would partition its packed
+        weights, and a generator process would need merged full-precision weights each
+        round."""
+        if self.model.lora is None or not self.model.lora.load_in_4bit:
+            return self
+        if self.deepspeed.zero_stage > 0:
+            raise ValueError(
+                f"model.lora.load_in_4bit (QLoRA) with deepspeed.zero_stage="
+                f"{self.deepspeed.zero_stage}: ZeRO partitions the model's weights, and the "
+                "4-bit base's packed weights cannot be partitioned\n  fix: set "
+                "deepspeed.zero_stage=0"
+            )
+        if self.rollout.prompts is not None and self.rollout.generator == "server":
+            raise ValueError(
+                "model.lora.load_in_4bit (QLoRA) with rollout.generator=server: the generator "
+                "process takes merged full-precision weights each round, which pt-train does "
+                "not build from a 4-bit base\n  fix: set rollout.generator=local"
             )
         return self
 

@@ -79,9 +79,15 @@ def frozen_names(module: torch.nn.Module) -> set[str]:
 
 
 def saved_module_state(module: torch.nn.Module) -> dict:
-    """The module's state dict without its frozen parameters."""
+    """The module's state dict without its frozen parameters, nor what a 4-bit frozen
+    weight stores beside it (``<weight>.absmax``, ``<weight>.quant_map``, ...: its
+    quantization state, rebuilt when the base is loaded again)."""
     frozen = frozen_names(module)
-    return {k: v for k, v in module.state_dict().items() if k not in frozen}
+    return {
+        k: v
+        for k, v in module.state_dict().items()
+        if k not in frozen and not any(k[:i] in frozen for i, c in enumerate(k) if c == ".")
+    }
 
 
 def save_engine(engine, directory: Path, write=None) -> None:

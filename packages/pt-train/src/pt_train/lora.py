@@ -156,7 +156,7 @@ def _check_targets(peft_model, targets, names: list[str]) -> None:
     embeddings = peft_model.get_input_embeddings().weight
     for name, layer in lora_layers(peft_model).items():
         base = layer.get_base_layer()
-        if type(base) is not torch.nn.Linear:
+        if type(base) is not torch.nn.Linear and not is_four_bit_layer(base):
             raise ConfigError(
                 f"model.lora.target_modules={targets!r} matches {name}, of type "
                 f"{type(base).__name__}; pt-train puts adapters on linear layers only",
@@ -168,6 +168,40 @@ def _check_targets(peft_model, targets, names: list[str]) -> None:
                 "to the input embeddings",
                 hint="leave the LM head out of target_modules",
             )
+
+
+def is_four_bit_layer(module) -> bool:
+    # bitsandbytes is imported only by a run that loads a 4-bit base.
+    bnb = sys.modules.get("bitsandbytes")
+    return bnb is not None and isinstance(module, bnb.nn.Linear4bit)
+
+
+def is_four_bit(peft_model) -> bool:
+    """True for a peft model whose base is 4-bit (QLoRA, ``model.lora.load_in_4bit``)."""
+    return is_lora(peft_model) and bool(getattr(hf_model(peft_model), "is_loaded_in_4bit", False))
+
+
+def merged_full_precision(peft_model, state: dict):
+    """The merged model of a QLoRA run, as a plain Hugging Face model: its base loaded again
+    from its source (``name_or_path``) without quantization, in fp32, the trained adapters of
+    ``state`` (the peft model's state dict) put on it, then merged by peft. Merging into the
+    4-bit layers instead would round the merged weights to 4 bits."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    trained = hf_model(peft_model)
+    base = AutoModelForCausalLM.from_pretrained(trained.name_or_path, dtype=torch.float32)
+    adapter = peft_model.active_adapter
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*checkpointing")
+        plain = get_peft_model(base, peft_model.peft_config[adapter], adapter_name=adapter)
+    adapters = {k: v for k, v in state.items() if ".lora_" in k}
+    missing, unexpected = plain.load_state_dict(adapters, strict=False)
+    missing_adapters = [k for k in missing if ".lora_" in k]
+    assert not unexpected and not missing_adapters, (unexpected[:1], missing_adapters[:1])
+    merged = plain.merge_and_unload()
+    merged.generation_config = trained.generation_config
+    return merged
 
 
 def is_lora(module) -> bool:

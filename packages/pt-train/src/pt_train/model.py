@@ -131,18 +131,55 @@ def check_same_tokenizer(tokenizer, other_path: str, what: str, *, required: boo
             )
 
 
-def load_model(model_cfg, tokenizer, *, dtype, seed: int, fused_ops: bool = False, lora=None):
+def load_model(
+    model_cfg,
+    tokenizer,
+    *,
+    dtype,
+    seed: int,
+    fused_ops: bool = False,
+    lora=None,
+    device=None,
+    compute_dtype=None,
+):
     """The model of ``model_cfg`` (a ``pt_train.config.ModelConfig``): pretrained weights
     from ``name_or_path``, or random weights from ``init`` seeded with ``seed``; with
     ``fused_ops``, the memory-lean MLP and RMSNorm of :mod:`pt_train.fused` for training;
     with ``lora`` (a ``LoraSection``), wrapped in peft's LoRA adapters (:mod:`pt_train.lora`),
-    the base frozen."""
+    the base frozen. With ``lora.load_in_4bit`` (QLoRA) the base's linear layers are 4-bit
+    NF4 (bitsandbytes), quantized on ``device`` (default: the CPU) and computing in
+    ``compute_dtype`` (default: ``dtype``)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     from pt_core.errors import ConfigError
 
+    four_bit = lora is not None and lora.load_in_4bit
     if model_cfg.init is not None:
         model = _initial_llama(model_cfg.init, tokenizer, seed=seed).to(dtype)
+    elif four_bit:
+        from peft import prepare_model_for_kbit_training
+        from transformers import BitsAndBytesConfig
+
+        quantization = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=compute_dtype or dtype,
+        )
+        device = torch.device(device or "cpu")
+        with _loading(model_cfg):
+            model = AutoModelForCausalLM.from_pretrained(
+                model_cfg.name_or_path,
+                dtype=dtype,
+                quantization_config=quantization,
+                device_map={"": str(device) if device.index is None else device.index},
+            )
+        # the norms and embeddings in fp32, and the input gradients checkpointing needs
+        model = prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=model_cfg.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
     else:
         with _loading(model_cfg):
             model = AutoModelForCausalLM.from_pretrained(model_cfg.name_or_path, dtype=dtype)
@@ -169,6 +206,13 @@ def load_model(model_cfg, tokenizer, *, dtype, seed: int, fused_ops: bool = Fals
         # Before the fused ops: an MLP whose projections carry adapters must keep its own
         # forward (the fused one reads the base weights), and fused.py leaves it alone.
         model = apply_lora(model, lora, seed=seed)
+        if four_bit:
+            trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            log.info(
+                "QLoRA: the base is loaded as 4-bit NF4 (bitsandbytes); %d adapter parameters "
+                "train",
+                trained,
+            )
     if fused_ops:
         from pt_train.fused import apply_fused_ops
 

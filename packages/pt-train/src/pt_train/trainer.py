@@ -440,6 +440,8 @@ class Trainer:
             seed=cfg.training.seed,
             fused_ops=self.fused_ops,
             lora=cfg.model.lora,  # LoRA: only the adapters require a gradient
+            device=self.device,  # QLoRA: where the base is quantized
+            compute_dtype=self.model_dtype,
         )
         install_token_head(model)
         self.chat_format.apply_to(hf_model(model))
