@@ -334,7 +334,9 @@ class GeneratorPool:
                 if generator is not None:
                     generator.close()
             raise errors[0]
-        self._generators: dict[int, RemoteGenerator] = dict(enumerate(started))
+        self._generators: dict[int, RemoteGenerator] = {
+            i: g for i, g in enumerate(started) if g is not None
+        }  # every one started (no errors)
         self.servers = servers
         self.deaths = 0
         self._version = version  # of the newest weights sent to every live process

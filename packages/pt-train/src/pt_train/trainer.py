@@ -443,6 +443,10 @@ class Trainer:
             device=self.device,  # QLoRA: where the base is quantized
             compute_dtype=self.model_dtype,
         )
+        # Dropout draws from torch's global generator, whose state loading may leave
+        # different from run to run (a 4-bit load through bitsandbytes does): training.seed
+        # sets it here, and a resume from the checkpoint's RNG state.
+        torch.manual_seed(cfg.training.seed)
         install_token_head(model)
         self.chat_format.apply_to(hf_model(model))
         decay, no_decay = [], []

@@ -358,9 +358,10 @@ class OnlineProducer(Producer):
                 "score_s": round(result.get("score_s", 0.0), 3),
                 "wait_s": round(wait_s, 3),
                 "weight_push_s": round(self._push_seconds, 3),
+                # generator processes (GeneratorPool) that ended during the run
                 **(
-                    {"generator_deaths": self._generator.deaths}
-                    if self.rollout.generator == "server"
+                    {"generator_deaths": deaths}
+                    if (deaths := getattr(self._generator, "deaths", None)) is not None
                     else {}
                 ),
                 "completion_tokens_mean": float(
