@@ -39,10 +39,11 @@ def test_a_checkpoint_save_that_runs_out_of_space_leaves_the_last_complete_one_t
             ids = [5 + (i * 7 + j) % 250 for j in range(12 + i % 9)]
             fh.write(json.dumps({"input_ids": ids, "labels": [-100] * 3 + ids[3:]}) + "\n")
     # metrics are logged only at the end, so that the save is the first write to meet the
-    # full disk
+    # full disk; with async_save the step-6 write's failure is reported by the step-8 save,
+    # which must come before the end's metrics (the last step is 12)
     config = tiny_run_config(
         disk.path / "runs", tmp_path / "rows.jsonl", {"name": "sft"},
-        global_batch_size=4, micro_batch_size=4, max_steps=8, save_steps=2, logging_steps=100,
+        global_batch_size=4, micro_batch_size=4, max_steps=12, save_steps=2, logging_steps=100,
     )  # fmt: skip
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
 
@@ -70,4 +71,4 @@ def test_a_checkpoint_save_that_runs_out_of_space_leaves_the_last_complete_one_t
     code, out, err = pt_train_run(tmp_path / "train.yaml", "full", *overrides).finish()
     assert code == 0, err
     assert "resuming" in err and "(step 4)" in err
-    assert json.loads(out)["step"] == 8
+    assert json.loads(out)["step"] == 12

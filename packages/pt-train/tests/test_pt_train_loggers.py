@@ -92,6 +92,8 @@ def wandb_offline_run(run_dir) -> tuple[dict, list[dict]]:
             pieces = []
             if record.HasField("run"):
                 config.update({u.key: json.loads(u.value_json) for u in record.run.config.update})
+            elif record.HasField("config"):  # the config sent after the run record
+                config.update({u.key: json.loads(u.value_json) for u in record.config.update})
             elif record.HasField("history"):
                 rows.append(
                     {"/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
