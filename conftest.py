@@ -185,3 +185,26 @@ def commands_take_ctrl_c():
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, old)
+
+
+# Fixtures whose one instance per session is a service or a costly build: the tests that
+# use them run on one pytest-xdist worker (a second SLURM cluster on the same ports would
+# not start; a second quickstart build would cost minutes).
+SHARED_FIXTURE_GROUPS = {"slurm_cluster": "slurm", "quickstart_out": "quickstart"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The pytest-xdist group of each test (``--dist loadgroup`` in pyproject.toml's
+    addopts): the group of a shared session fixture it uses, ``vllm`` for the tests of the
+    vLLM side environment (one vLLM engine at a time fits in memory beside the rest), and
+    otherwise its module, so that a module-scoped fixture is built once. Runs before
+    xdist's own hook, which reads the mark."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        group = next((g for f, g in SHARED_FIXTURE_GROUPS.items() if f in names), None)
+        if group is None and item.get_closest_marker("vllm") is not None:
+            group = "vllm"
+        if group is None:
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
