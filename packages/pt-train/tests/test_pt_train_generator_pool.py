@@ -117,6 +117,24 @@ def pool_warnings():
         logger.removeHandler(warnings)
 
 
+@contextlib.contextmanager
+def two_processes_the_second_stopped(model_dir, teacher_dir):
+    """``(pool, warnings)``: a pool of two generator processes whose second is stopped
+    (SIGSTOP), so that it cannot answer what it is sent before the test kills it."""
+    with (
+        pool_warnings() as warnings,
+        GeneratorPool(str(model_dir), servers=2, teacher=str(teacher_dir)) as pool,
+    ):
+        os.kill(pool._generators[1].proc.pid, signal.SIGSTOP)
+        yield pool, warnings
+
+
+def kill_the_second(pool: GeneratorPool) -> None:
+    doomed = pool._generators[1].proc
+    doomed.kill()
+    doomed.wait()
+
+
 @pytest.mark.slow  # generator processes that each import torch
 def test_a_process_that_dies_has_its_shard_generated_by_the_other(
     one_process, tiny_model_dir, other_model_dir, tiny_tokenizer
@@ -126,15 +144,9 @@ def test_a_process_that_dies_has_its_shard_generated_by_the_other(
     so the answer is still one process's; later generations go to the survivor."""
     before, _ = one_process
     reqs = requests(tiny_tokenizer)
-    with (
-        pool_warnings() as warnings,
-        GeneratorPool(str(tiny_model_dir), servers=2, teacher=str(other_model_dir)) as pool,
-    ):
-        doomed = pool._generators[1].proc
-        os.kill(doomed.pid, signal.SIGSTOP)  # it cannot answer before it is killed
+    with two_processes_the_second_stopped(tiny_model_dir, other_model_dir) as (pool, warnings):
         key = pool.submit_generate(reqs, PARAMS, SCORE)
-        doomed.kill()
-        doomed.wait()
+        kill_the_second(pool)
         same(pool.wait(key), before)
         assert pool.deaths == 1
         assert sorted(pool._generators) == [0]
@@ -153,16 +165,10 @@ def test_a_shard_owed_from_before_a_push_is_generated_again_whole_with_the_new_w
     whole generation comes back from the pushed weights, with their version, not a mix."""
     _, after = one_process
     reqs = requests(tiny_tokenizer)
-    with (
-        pool_warnings() as warnings,
-        GeneratorPool(str(tiny_model_dir), servers=2, teacher=str(other_model_dir)) as pool,
-    ):
-        doomed = pool._generators[1].proc
-        os.kill(doomed.pid, signal.SIGSTOP)
+    with two_processes_the_second_stopped(tiny_model_dir, other_model_dir) as (pool, warnings):
         key = pool.submit_generate(reqs, PARAMS, SCORE)
         pushed = pool.submit_load_weights(str(other_model_dir), 3)
-        doomed.kill()
-        doomed.wait()
+        kill_the_second(pool)
         same(pool.wait(key), after)
         assert pool.wait(pushed)["version"] == 3
         assert pool.deaths == 1
