@@ -13,7 +13,11 @@ pytestmark = pytest.mark.slow  # a pt-train start per case
 
 @pytest.fixture
 def config(tmp_path, tiny_run_config):
-    path = tmp_path / "train.yaml"
+    # a path longer than the 80 columns rich assumes off a terminal: the line stays whole
+    path = (
+        tmp_path / ("a-folder-whose-name-makes-the-path-longer-than-eighty-columns" * 2) / "t.yaml"
+    )
+    path.parent.mkdir()
     path.write_text(yaml.safe_dump(tiny_run_config(tmp_path / "runs", tmp_path, {"name": "sft"})))
     return path
 

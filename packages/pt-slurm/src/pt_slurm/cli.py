@@ -60,9 +60,12 @@ def submit(
         return
     manifest = submit_run(config, overrides, stages=list(stage or []), force=force)
     for item in manifest.get("stages", []):
-        console.print(f"submitted job {item['job_id']}: stage {item['name']} in {item['path']}")
+        console.print(
+            f"submitted job {item['job_id']}: stage {item['name']} in {item['path']}",
+            soft_wrap=True,
+        )
     if "stages" not in manifest:
-        console.print(f"submitted job {manifest['job_id']}: {manifest['path']}")
+        console.print(f"submitted job {manifest['job_id']}: {manifest['path']}", soft_wrap=True)
     emit_manifest(**manifest)
 
 
@@ -100,9 +103,9 @@ def status(
         head = f"{item['name']}: " if "stages" in info else ""
         console.print(head + _describe(item), highlight=False)
         if item["reason"]:
-            console.print(f"  {item['reason']}", highlight=False)
+            console.print(f"  {item['reason']}", highlight=False, soft_wrap=True)
         if item["result"]:
-            console.print(f"  result: {item['result']}", highlight=False)
+            console.print(f"  result: {item['result']}", highlight=False, soft_wrap=True)
         for run in item["history"]:
             console.print(
                 f"  run {run['restart']} of job {run['job_id']}: {run['outcome']}"
@@ -110,7 +113,9 @@ def status(
                 highlight=False,
             )
         if item["last_metrics"]:
-            console.print(f"  last metrics: {item['last_metrics']}", highlight=False)
+            console.print(
+                f"  last metrics: {item['last_metrics']}", highlight=False, soft_wrap=True
+            )
         if item["metrics_stale_minutes"]:
             console.print(
                 f"  metrics stale: no step for {item['metrics_stale_minutes']} minutes "
@@ -155,9 +160,9 @@ def cancel(
     for item in result.get("stages", [result]):
         head = f"{item['name']}: " if "stages" in result else ""
         if item["cancelled"]:
-            console.print(f"{head}cancelled job {item['job_id']}", highlight=False)
+            console.print(f"{head}cancelled job {item['job_id']}", highlight=False, soft_wrap=True)
         else:
-            console.print(f"{head}{item['message']}", highlight=False)
+            console.print(f"{head}{item['message']}", highlight=False, soft_wrap=True)
     emit_manifest(**result)
 
 

@@ -160,7 +160,7 @@ def check(
         Console().print_json(json.dumps(result))
     else:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
-    console.print(f"[green]ok[/green]: {config}")
+    console.print(f"[green]ok[/green]: {config}", soft_wrap=True)
 
 
 @app.command()
@@ -186,7 +186,7 @@ def plot(
     from pt_train.plot import DEFAULT_KEYS, plot_metrics
 
     for path in plot_metrics(run_dirs, out, tuple(keys or DEFAULT_KEYS), smooth):
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", soft_wrap=True)
 
 
 @app.command()
@@ -208,7 +208,7 @@ def push(
     from pt_train.push import push as push_run
 
     card, url = push_run(run_dir, repo_id=repo_id, private=private, checkpoint=checkpoint)
-    console.print(f"wrote {card}" + (f"; uploaded to {url}" if url else ""))
+    console.print(f"wrote {card}" + (f"; uploaded to {url}" if url else ""), soft_wrap=True)
 
 
 def _gradient_clipping(cfg, ds: dict) -> dict:
