@@ -48,6 +48,16 @@ class VLLMEngine(Engine):
         if on_cpu:
             # On CPU the KV cache is sized by this variable (GiB), not by memory utilisation.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+            # One process: by default vLLM starts an engine-core process and a worker
+            # process, each importing torch and vLLM again (20 of a tiny model's 24 s of
+            # engine start on 2 cores); on CPU there is no GPU work to overlap with
+            # scheduling, so the engine runs in this process unless
+            # VLLM_ENABLE_V1_MULTIPROCESSING=1 asks for vLLM's own layout.
+            if (
+                tensor_parallel_size == 1
+                and os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "0"
+            ):
+                extra["distributed_executor_backend"] = "uni"
         if dtype == "auto":
             # vLLM would run a float32 checkpoint in bf16 on some platforms; keep the
             # checkpoint's dtype so both engines compute the same thing.
