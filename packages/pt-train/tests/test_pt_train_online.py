@@ -268,6 +268,47 @@ def test_vllm_generator_after_a_weight_push_generates_what_hf_does(world):
         assert [c["token_ids"] for c in result["completions"]] == [c.token_ids for c in hf], name
 
 
+@pytest.mark.vllm
+def test_a_vllm_teacher_in_the_generator_process_scores_what_the_in_process_one_does(world):
+    """OPD's teacher served beside a vLLM generator (both vLLM engines in one process of the
+    side environment): its top-k and sampled-token log-probs of the student's completions
+    equal those of the teacher loaded in this process (HF engine) to 1e-4, so the tail mass
+    the loss derives from them (1 - the top-k's mass) agrees too."""
+    if not VLLM_PYTHON.exists():
+        if os.environ.get("PT_REQUIRE_VLLM"):
+            pytest.fail(f"{VLLM_PYTHON} missing; run .ci/setup-vllm.sh")
+        pytest.skip(f"{VLLM_PYTHON} missing; run .ci/setup-vllm.sh")
+    from transformers import AutoTokenizer
+
+    from pt_rollout.engines import Request
+    from pt_rollout.engines.hf import HFEngine
+    from pt_rollout.serve import RemoteGenerator
+
+    tokenizer = AutoTokenizer.from_pretrained(world / "student")
+    requests = [Request(tokenizer(f"What is {i} + {i}?")["input_ids"], i) for i in range(4)]
+    params = {"temperature": 1.0, "max_tokens": 12}
+    with RemoteGenerator(
+        str(world / "student"),
+        python=str(VLLM_PYTHON),
+        engine="vllm",
+        teacher=str(world / "teacher"),
+    ) as gen:
+        served = gen.wait(gen.submit_generate(requests, params, {"top_k": 4}))
+    completions = [c["token_ids"] for c in served["completions"]]
+    assert sum(map(len, completions)) > 20
+    local = HFEngine(str(world / "teacher")).score(
+        [r.prompt_token_ids for r in requests], completions, top_k=4
+    )
+    for remote, mine in zip(served["scores"], local, strict=True):
+        assert remote["topk_ids"] == mine.topk_ids
+        for key in ("token_logprobs", "topk_logprobs"):
+            got, want = torch.tensor(remote[key]), torch.tensor(getattr(mine, key))
+            assert torch.allclose(got, want, atol=1e-4, rtol=0), (key, (got - want).abs().max())
+        tail = 1 - torch.tensor(remote["topk_logprobs"]).exp().sum(-1)
+        want_tail = 1 - torch.tensor(mine.topk_logprobs).exp().sum(-1)
+        assert torch.allclose(tail, want_tail, atol=1e-4, rtol=0)
+
+
 def test_a_teacher_with_another_tokenizer_is_refused(world, tmp_path, cli):
     """The teacher scores the student's token ids: with another vocabulary they would mean
     other text, so the run stops before training, naming the teacher."""
