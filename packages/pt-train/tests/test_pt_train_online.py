@@ -106,6 +106,9 @@ def test_sync_rounds_are_sampled_from_the_current_weights(world):
     # two samples of each of 4 prompts, prompts differing between rounds
     assert sorted({r["id"] for r in made[0]}) != sorted({r["id"] for r in made[1]})
     assert all(m["kl"] is not None and m["sampled_kl"] is not None for m in metrics)
+    # every sample fresh: the loss on fresh samples is the step's loss, none is stale
+    assert [m["loss_fresh"] for m in metrics] == pytest.approx([m["loss"] for m in metrics])
+    assert all(m["loss_stale"] is None for m in metrics)
 
 
 def test_a_generator_process_gives_the_in_process_generators_run(world):
@@ -136,6 +139,10 @@ def test_step_off_staleness_is_n_times_updates_per_round_in_steady_state(world):
     assert by_round[0] == [(0, 0), (0, 0)]
     for r in (1, 2, 3):
         assert by_round[r] == [(2, 2), (2, 2)]
+    # the loss logged against staleness: round 0's on fresh samples, the others' on stale
+    for m in metrics:
+        fresh, stale = (m["loss"], None) if m["round"] == 0 else (None, m["loss"])
+        assert m["loss_fresh"] == pytest.approx(fresh) and m["loss_stale"] == pytest.approx(stale)
     made = rounds(world, "step-off")
     assert [r[0]["weight_version"] for r in made] == [0, 0, 2, 4]
 

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from pt_train.objectives.opd import DIVERGENCES, OPDConfig, divergence, pg_reverse_kl, token_kl
+from pt_train.objectives.opd import (
+    DIVERGENCES,
+    OPDConfig,
+    divergence,
+    pg_reverse_kl,
+    staleness_metrics,
+    token_kl,
+)
 from pt_train.producers.rollouts import RolloutSample, rollout_batch
 
 
@@ -95,6 +103,56 @@ def test_expected_pg_reverse_kl_gradient_is_the_reverse_kl_gradient():
             (g,) = torch.autograd.grad(loss.sum(), logits)
             total += s[y].exp().detach() * g
         torch.testing.assert_close(total, want, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("importance_ratio", [True, False])
+def test_the_online_advantage_at_staleness_zero_is_the_rollout_advantage(importance_ratio):
+    """AsyncOPD's recomputation (``advantage: online``: the student's side of the advantage
+    under the current weights) and the plain mode (the sampler's log-probs) on samples drawn
+    by the current weights (O = S): the same per-token loss and the same gradient."""
+    logits = torch.tensor([[0.4, -0.3, 1.2, 0.0], [1.0, 0.1, -0.7, 0.3]], dtype=torch.float64)
+    teacher = torch.tensor([math.log(0.6), math.log(0.1)], dtype=torch.float64)
+    y = torch.tensor([2, 1])
+    results = {}
+    for advantage in ("rollout", "online"):
+        leaf = logits.clone().requires_grad_(True)
+        student = F.log_softmax(leaf, -1).gather(-1, y[:, None])[:, 0]
+        loss, _ = pg_reverse_kl(
+            student,
+            teacher,
+            student.detach(),  # O(y) = S(y): staleness 0
+            clip_epsilon=0.2,
+            importance_ratio=importance_ratio,
+            advantage=advantage,
+        )
+        (grad,) = torch.autograd.grad(loss.sum(), leaf)
+        results[advantage] = (loss.detach(), grad)
+    torch.testing.assert_close(results["online"], results["rollout"], atol=0, rtol=0)
+    # and with an older sampler (O != S) they differ: the online mode reads S, not O
+    stale = torch.log_softmax(logits, -1).gather(-1, y[:, None])[:, 0] - 0.5
+    student = F.log_softmax(logits, -1).gather(-1, y[:, None])[:, 0]
+    a, _ = pg_reverse_kl(student, teacher, stale, clip_epsilon=0.2, importance_ratio=importance_ratio,
+                         advantage="rollout")  # fmt: skip
+    b, _ = pg_reverse_kl(student, teacher, stale, clip_epsilon=0.2, importance_ratio=importance_ratio,
+                         advantage="online")  # fmt: skip
+    assert not torch.allclose(a, b)
+
+
+def test_the_loss_is_logged_against_the_staleness_of_each_tokens_sample():
+    """Three samples of staleness 0, 2 and 0 (tokens 0-1, 2-3 and 4): ``loss_fresh`` sums
+    the fresh samples' tokens, ``loss_stale`` the stale one's, each with its own count."""
+    per_token = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    batch = SimpleNamespace(
+        data={"staleness": torch.tensor([0.0, 2.0, 0.0])},
+        token_sequence=torch.tensor([0, 0, 1, 1, 2]),
+    )
+    got = {k: (float(v), c) for k, (v, c) in staleness_metrics(per_token, batch).items()}
+    assert got == {"loss_fresh": (8.0, 3.0), "loss_stale": (7.0, 2.0)}
+    none_stale = SimpleNamespace(
+        data={"staleness": torch.zeros(3)}, token_sequence=batch.token_sequence
+    )
+    assert staleness_metrics(per_token, none_stale)["loss_stale"][1] == 0.0
+    assert staleness_metrics(per_token, SimpleNamespace(data={})) == {}
 
 
 def test_clipping_stops_the_gradient_past_the_trust_region():
