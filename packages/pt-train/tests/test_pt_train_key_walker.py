@@ -51,6 +51,8 @@ REWARD_FUNCTION = f"{REWARD_MODULE}:completion_length"
 DIVERGENCES = ["forward_kl", "reverse_kl", "skewed_kl", "jsd"]
 ONE_UPDATE = {}  # the online loop's default: one optimizer step per round, on-policy
 TWO_UPDATES = {"updates_per_round": 2}  # rounds trained twice: old log-probs differ
+# the online loop on prompts, where OPD's reward_weight applies (a group of four per prompt)
+ONLINE = {"prompts": "prompts.jsonl", "samples_per_prompt": 4}
 
 # objective name -> [(objective keys, rollout keys)]: every key is walked on every base
 BASES: dict[str, list[tuple[dict, dict]]] = {
@@ -82,6 +84,9 @@ BASES: dict[str, list[tuple[dict, dict]]] = {
         ({"loss": "pg_reverse_kl"}, ONE_UPDATE),
         ({"loss": "pg_reverse_kl", "importance_ratio": False}, ONE_UPDATE),
         ({"loss": "pg_reverse_kl", "advantage": "online"}, ONE_UPDATE),
+        ({}, ONLINE),
+        ({"reward_weight": 0.5}, ONLINE),
+        ({"loss": "pg_reverse_kl", "reward_weight": 0.5}, ONLINE),
     ],
     "grpo": [
         ({}, ONE_UPDATE),

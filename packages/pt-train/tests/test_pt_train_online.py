@@ -111,6 +111,29 @@ def test_sync_rounds_are_sampled_from_the_current_weights(world):
     assert all(m["loss_stale"] is None for m in metrics)
 
 
+def test_opd_with_a_task_reward_adds_its_term_to_the_distillation_loss(world, monkeypatch):
+    """reward_weight 1 with a reward function (a tenth of the completion's characters):
+    the first step trains on the same samples as plain OPD (per-sample seeds), so its loss
+    is plain OPD's plus the logged reward term, its KL the same; the weights then differ."""
+    (world / "opd_rewards.py").write_text(
+        "def length(rows):\n    return [len(r['completion']) / 10 for r in rows]\n"
+    )
+    monkeypatch.syspath_prepend(str(world))
+    plain = run(world, "opd-plain", steps=2)
+    cfg = config(world, "opd-reward", steps=2)
+    cfg["objective"]["reward_weight"] = 1.0
+    cfg["reward"] = {"function": "opd_rewards:length"}
+    train(TrainConfig.model_validate(cfg))
+    mixed = read_metrics(world / "runs" / "opd-reward")
+    first, base = mixed[0], plain[0]
+    assert first["kl"] == pytest.approx(base["kl"], rel=1e-6)
+    assert first["reward_loss"] != 0.0
+    assert first["loss"] == pytest.approx(base["loss"] + first["reward_loss"], rel=1e-6)
+    assert all(m["reward"] is not None for m in mixed) and "reward" not in base
+    a, b = weights(world, "opd-plain", 2), weights(world, "opd-reward", 2)
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_generator_process_gives_the_in_process_generators_run(world):
     """The same sync run with the HF engine in a generator process that is pushed the
     weights every round: the same samples, losses and final weights as generating in-process

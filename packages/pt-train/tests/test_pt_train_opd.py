@@ -155,6 +155,58 @@ def test_the_loss_is_logged_against_the_staleness_of_each_tokens_sample():
     assert staleness_metrics(per_token, SimpleNamespace(data={})) == {}
 
 
+def test_a_task_reward_adds_the_group_advantages_policy_gradient_to_the_distillation():
+    """``reward_weight: w``: the per-token loss is the distillation term plus
+    ``-w * A * exp(log S - sg(log O))`` with A the sample's group advantage: on-policy
+    (O = S) its gradient is REINFORCE's ``-w * A`` per token's log-prob; ``kl`` stays the
+    divergence alone, ``reward_loss`` logs the reward term."""
+    from pt_train.logprobs import HeadOutput
+    from pt_train.objectives.opd import OPD
+
+    student = torch.log(torch.tensor([0.2, 0.5, 0.1, 0.4, 0.3], dtype=torch.float64))
+    teacher = torch.log(torch.tensor([0.4, 0.5, 0.3, 0.2, 0.6], dtype=torch.float64))
+    advantages = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)  # per sample
+    sequence = torch.tensor([0, 0, 1, 1, 2])
+    for older in (0.0, 0.3):  # O = S, then a sampler whose log-probs were 0.3 lower
+        batch = SimpleNamespace(
+            data={"teacher_token_logps": teacher, "advantages": advantages,
+                  "rollout_logps": student - older},
+            token_sequence=sequence,
+        )  # fmt: skip
+        results = {}
+        for w in (0.0, 0.7):
+            leaf = student.clone().requires_grad_(True)
+            objective = OPD(OPDConfig(loss="token_kl", reward_weight=w))
+            out = objective.loss(HeadOutput(logps=leaf[:, None]), batch, None)
+            (grad,) = torch.autograd.grad(out.sum, leaf)
+            results[w] = (out, grad)
+        plain, mixed = results[0.0], results[0.7]
+        a = advantages[sequence]
+        ratio = torch.exp(torch.full((5,), older, dtype=torch.float64))
+        torch.testing.assert_close(mixed[0].sum, plain[0].sum + 0.7 * (-a * ratio).sum())
+        torch.testing.assert_close(mixed[1], plain[1] + 0.7 * (-a * ratio))
+        assert float(mixed[0].metrics["kl"][0]) == pytest.approx(float(plain[0].metrics["kl"][0]))
+        assert float(mixed[0].metrics["reward_loss"][0]) == pytest.approx(float((-a * ratio).sum()))
+        assert "reward_loss" not in plain[0].metrics
+
+
+def test_a_rounds_rewards_become_group_advantages():
+    """GRPO's group advantage over each prompt's samples: rewards 1, 0, 0, 1 (mean 0.5,
+    unbiased std 0.577) and 1, 1 (all equal: 0)."""
+    from pt_train.objectives.opd import OPD
+
+    rows = [{"group": g, "reward": r} for g, r in
+            [("a", 1.0), ("a", 0.0), ("a", 0.0), ("a", 1.0), ("b", 1.0), ("b", 1.0)]]  # fmt: skip
+    OPD(OPDConfig(reward_weight=1.0)).prepare_round(rows)
+    std = math.sqrt(1 / 3)
+    want = [0.5 / (std + 1e-4), -0.5 / (std + 1e-4)] * 2
+    want = [want[0], want[1], want[1], want[0], 0.0, 0.0]
+    assert [r["advantage"] for r in rows] == pytest.approx(want)
+    untouched = [{"group": "a", "reward": 1.0}]
+    OPD(OPDConfig()).prepare_round(untouched)
+    assert "advantage" not in untouched[0]
+
+
 def test_clipping_stops_the_gradient_past_the_trust_region():
     # r = exp(log S - log O) = 1.5 > 1 + 0.2 with A > 0: the clipped term wins, no gradient
     student = torch.tensor([math.log(0.3)], requires_grad=True)

@@ -275,3 +275,32 @@ def test_truncate_on_tokenized_pairs_is_refused_at_start(tmp_path):
     assert "\n" not in str(caught.value)
     pairs = load_pairs(DataConfig(path=str(rows)), rows, None, vocab_size=8)
     assert [p.chosen.tolist() for p in pairs] == [[3, 4]]
+
+
+@pytest.mark.parametrize(
+    ("rollout", "message"),
+    [
+        ({}, "it needs the online loop"),
+        ({"prompts": "p.jsonl", "samples_per_prompt": 1}, "one sample has advantage 0"),
+    ],
+)
+def test_opd_reward_weight_where_no_reward_can_count_is_refused_at_start(rollout, message):
+    """OPD's reward_weight rewards samples as the online loop draws them, relative to the
+    other samples of their prompt: without the loop, or with one sample a prompt, it
+    would change nothing."""
+    cfg = load({"name": "opd", "reward_weight": 0.5}, rollout=rollout)
+    with pytest.raises(ConfigError) as caught:
+        OPD(cfg.objective).configure(cfg)
+    assert caught.value.exit_code == 2
+    assert "objective.reward_weight=0.5" in str(caught.value) and message in str(caught.value)
+
+
+def test_opd_with_a_reward_weight_reads_the_reward_section():
+    cfg = load(
+        {"name": "opd", "reward_weight": 0.5},
+        rollout={"prompts": "p.jsonl", "samples_per_prompt": 4},
+        reward={"function": "m:f"},
+    )
+    objective = OPD(cfg.objective)
+    objective.configure(cfg)
+    assert objective.needs.reward and cfg.reward.function == "m:f"

@@ -393,7 +393,10 @@ class TrainConfig(Section):
         from pt_train.objectives import REGISTRY
 
         given = self.reward.model_dump(exclude_defaults=True)
-        if given and not REGISTRY[self.objective.name][1].needs.reward:
+        objective = REGISTRY[self.objective.name][1](self.objective)
+        declare = getattr(objective, "declare", None)  # needs that follow from its config
+        needs = declare() if declare is not None else objective.needs
+        if given and not needs.reward:
             key = next(iter(given))
             raise ValueError(
                 f"reward.{key} has no effect: objective {self.objective.name} trains on no "

@@ -11,6 +11,7 @@ toward the teacher on the tokens it produced.
       clip_epsilon: 0.2       # pg_reverse_kl with importance_ratio
       importance_ratio: true  # pg_reverse_kl: ratio to the rollout log-probs
       advantage: rollout      # pg_reverse_kl: rollout | online
+      reward_weight: 0.0      # > 0: add the task reward's policy gradient (online loop)
       teacher: {path: null, top_k: 8}
 
 A key that the chosen loss does not read (``alpha`` without skewed_kl, ``beta`` without
@@ -68,6 +69,15 @@ On the sampled token alone:
   (``importance_ratio: true``), or ``-A log S(y)`` without it. On-policy (``O = S``) and
   unclipped its expected gradient is that of KL(S || T).
 
+With a task reward (``reward_weight: w > 0``, the online loop, the run's ``reward:``
+section: pt-eval's grader or a function, as GRPO's), each sample's reward ``R`` becomes a
+group advantage ``A_R = (R - mean) / (std + 1e-4)`` over the samples of its prompt (GRPO's),
+and every token of the sample adds ``-w * A_R * r``, ``r = exp(log S(y) - sg(log O(y)))``
+(1 in value on-policy, where its gradient is REINFORCE's ``-w A_R grad log S(y)``), to the
+distillation loss: the teacher says how to write, the grader what is right, for math
+where the teacher is weaker than the grader. ``reward_loss`` logs that term per token;
+``kl`` stays the divergence alone.
+
 Each mode is 0 when the student equals the teacher. The teacher never gets a gradient:
 its log-probs are data (from scoring) or computed without one (``support: full``).
 Metrics: ``kl`` (the loss's divergence, per token), ``sampled_kl`` (``log S(y) - log T(y)``,
@@ -93,6 +103,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import numpy as np
 import torch
 from pydantic import Field, model_validator
 
@@ -129,6 +140,7 @@ class OPDConfig(Section):
     clip_epsilon: float = Field(0.2, gt=0)
     importance_ratio: bool = True
     advantage: Literal["rollout", "online"] = "rollout"
+    reward_weight: float = Field(0.0, ge=0)
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
 
     @model_validator(mode="after")
@@ -294,6 +306,8 @@ class OPD(Objective):
         """Row columns the rollouts must carry, and how to get each."""
         cfg = self.cfg
         need = {}
+        if cfg.reward_weight > 0:
+            need["completion_logprobs"] = "the online loop records them (rollout.prompts)"
         if cfg.loss in ("token_kl", "pg_reverse_kl"):
             need["teacher_token_logprobs"] = "score the rollouts: pt-rollout score --teacher T"
         elif cfg.support == "teacher_topk":
@@ -334,12 +348,39 @@ class OPD(Objective):
                 top_k=cfg.teacher.top_k if "teacher_topk_ids" in columns else 0,
                 at_student_topk="teacher_student_topk_logprobs" in columns,
             ),
+            reward=cfg.reward_weight > 0,
         )
+
+    def prepare_round(self, rows: list[dict]) -> None:
+        """With a task reward: each row's group advantage, GRPO's, over its prompt's samples."""
+        if self.cfg.reward_weight <= 0:
+            return
+        from pt_train.objectives.grpo import _group_key, group_advantages
+
+        rewards = np.array([r["reward"] for r in rows], dtype=np.float64)
+        groups = np.array([_group_key(r) for r in rows])
+        advantages, _ = group_advantages(rewards, groups, "group")
+        for row, advantage in zip(rows, advantages, strict=True):
+            row["advantage"] = float(advantage)
 
     def configure(self, train_cfg) -> None:
         """Declare the needs; on scored rollouts given as data, refuse a ``teacher.top_k``
         wider than their lists now, from the first row, rather than at the first step."""
         self.needs = self.declare()
+        if self.cfg.reward_weight > 0:
+            if train_cfg.rollout.prompts is None:
+                raise ConfigError(
+                    f"objective.reward_weight={self.cfg.reward_weight} rewards the student's "
+                    "own samples, graded as they are drawn: it needs the online loop",
+                    hint="set rollout.prompts, or remove objective.reward_weight",
+                )
+            if train_cfg.rollout.samples_per_prompt < 2:
+                raise ConfigError(
+                    f"objective.reward_weight={self.cfg.reward_weight} with "
+                    "rollout.samples_per_prompt=1: a reward's advantage is relative to the "
+                    "other samples of its prompt, so one sample has advantage 0",
+                    hint="set rollout.samples_per_prompt to 2 or more",
+                )
         if train_cfg.data.path is None or train_cfg.rollout.prompts is not None:
             return
         from pt_core.files import iter_rows, split_path
@@ -450,6 +491,13 @@ class OPD(Objective):
                 advantage=cfg.advantage,
             )
             metrics.update(pg_metrics)
+        if cfg.reward_weight > 0:
+            advantage = batch.data["advantages"].to(student_token)[batch.token_sequence]
+            rollout = batch.data.get("rollout_logps")
+            old = rollout.to(student_token.dtype) if rollout is not None else student_token
+            reward_term = -advantage * torch.exp(student_token - old.detach())
+            metrics["reward_loss"] = mean_metric(reward_term)
+            per_token = per_token + cfg.reward_weight * reward_term
         metrics.update(staleness_metrics(per_token, batch))
         return LossOutput(per_token.sum(), float(student_token.numel()), metrics)
 
