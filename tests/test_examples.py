@@ -14,10 +14,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from shell import sh
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-DATA_CONFIGS = sorted(EXAMPLES.glob("*/data.yaml")) + sorted(EXAMPLES.glob("*/*prompts.yaml"))
+DATA_CONFIGS = (
+    sorted(EXAMPLES.glob("*/data.yaml"))
+    + sorted(EXAMPLES.glob("*/*prompts.yaml"))
+    + [EXAMPLES / "quickstart" / "offpolicy-data.yaml"]
+)
 QUICKSTART_TRAIN = ("sft", "finetune", "dpo", "opd", "grpo")
 TRAIN_CONFIGS = sorted(EXAMPLES.glob("*/train.yaml")) + [
     EXAMPLES / "quickstart" / f"{name}.yaml" for name in QUICKSTART_TRAIN
@@ -102,7 +107,9 @@ def test_recipes_follow_the_dft_papers_setting():
 
 
 def test_the_quickstart_scripts_pass_shellcheck():
-    assert_shellcheck_passes(*(EXAMPLES / "quickstart" / n for n in ("run.sh", "grpo-longer.sh")))
+    assert_shellcheck_passes(
+        *(EXAMPLES / "quickstart" / n for n in ("run.sh", "grpo-longer.sh", "opd-longer.sh"))
+    )
 
 
 def test_grpo_longer_without_a_quickstart_output_says_what_to_run(tmp_path):
@@ -124,6 +131,68 @@ def test_grpo_longer_names_a_bad_step_count_before_it_writes(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[0] == "error: PT_GRPO_STEPS=abc is not a number of steps"
     assert not list(tmp_path.iterdir())
+
+
+def test_opd_longer_without_a_quickstart_output_says_what_to_run(tmp_path):
+    proc = subprocess.run(
+        ["bash", str(EXAMPLES / "quickstart" / "opd-longer.sh")],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "no quickstart output" in proc.stderr and "examples/quickstart/run.sh" in proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_opd_longer_names_a_bad_step_count_before_it_writes(tmp_path):
+    proc = subprocess.run(
+        ["bash", str(EXAMPLES / "quickstart" / "opd-longer.sh")],
+        capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "PT_OPD_STEPS": "0"},
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == "error: PT_OPD_STEPS=0 is not a number of steps"
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_opd_longer_runs_both_distillations_and_draws_their_curves(quickstart_out, tmp_path):
+    """opd-longer.sh on a copy of the session's small quickstart output (its SFT run's
+    step 2 as the student, step 4 as the teacher), for 2 steps: OPD and SFT on the
+    teacher's samples each write checkpoints, every one is graded, and the curve of
+    accuracy against the student tokens trained on is drawn from the runs' own counts."""
+    out, env = quickstart_out
+    work = tmp_path / "quickstart-out"
+    shutil.copytree(out, work, symlinks=True)
+    for command in (
+        f"pt-data build {EXAMPLES}/quickstart/train-prompts.yaml",
+        *(
+            f"pt-rollout generate --model runs/sft/inference/step-{step} --prompts "
+            f"data/test-prompts --engine hf --n 4 --temperature 0.6 --max-tokens 40 --seed 0 "
+            f"| pt-eval grade - > grades-{name}.json"
+            for name, step in (("base", 2), ("sft", 4))
+        ),
+    ):
+        sh(command, work, env)
+    proc = sh(
+        f"bash {EXAMPLES}/quickstart/opd-longer.sh",
+        tmp_path,  # the script's quickstart-out/ is in the directory it runs from
+        {**env, "PT_OPD_STEPS": "2", "PT_OPD_STUDENT": "runs/sft/inference/step-2",
+         "PT_OPD_TEACHER": "runs/sft/inference/step-4"},
+    )  # fmt: skip
+    result = json.loads((work / "opd-longer.json").read_text())
+    base = json.loads((work / "grades-base.json").read_text())["accuracy"]
+    for run in ("opd-longer", "offpolicy-longer"):
+        points = result[run]
+        assert points[0] == {"tokens": 0, "accuracy": base}
+        lines = (work / "runs" / run / "metrics.jsonl").read_text().splitlines()
+        metrics = [json.loads(line) for line in lines]
+        assert points[-1]["tokens"] == metrics[-1]["trained_tokens"] > 0
+        assert [p["tokens"] for p in points] == sorted({p["tokens"] for p in points})
+    # the teacher sampled two answers to each of 2 x 64 / 2 problems: OPD's sample count
+    samples = (work / "rollouts" / "teacher-samples.jsonl").read_text().splitlines()
+    assert len(samples) == 2 * 64
+    assert (work / "opd-longer.png").stat().st_size > 10_000
+    assert "OPD ends at" in proc.stdout and "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow
