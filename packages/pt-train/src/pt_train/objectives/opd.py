@@ -466,6 +466,8 @@ class OPD(Objective):
         if cfg.loss in DIVERGENCES:
             if cfg.support == "full":
                 per_token = out.dense
+                if per_token is None:  # declared frozen="dense": the head computes it
+                    raise RuntimeError("support: full, but the head computed no dense term")
             else:
                 per_token = divergence(
                     cfg.loss,
