@@ -112,9 +112,15 @@ def test_the_quickstart_scripts_pass_shellcheck():
     )
 
 
-def test_grpo_longer_without_a_quickstart_output_says_what_to_run(tmp_path):
+LONGER = [("grpo-longer.sh", "PT_GRPO_STEPS", "abc"), ("opd-longer.sh", "PT_OPD_STEPS", "0")]
+
+
+@pytest.mark.parametrize(("script", "variable", "bad"), LONGER, ids=[s for s, *_ in LONGER])
+def test_a_longer_script_without_a_quickstart_output_says_what_to_run(
+    tmp_path, script, variable, bad
+):
     proc = subprocess.run(
-        ["bash", str(EXAMPLES / "quickstart" / "grpo-longer.sh")],
+        ["bash", str(EXAMPLES / "quickstart" / script)],
         capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2
@@ -122,35 +128,15 @@ def test_grpo_longer_without_a_quickstart_output_says_what_to_run(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_grpo_longer_names_a_bad_step_count_before_it_writes(tmp_path):
+@pytest.mark.parametrize(("script", "variable", "bad"), LONGER, ids=[s for s, *_ in LONGER])
+def test_a_longer_script_names_a_bad_step_count_before_it_writes(tmp_path, script, variable, bad):
     proc = subprocess.run(
-        ["bash", str(EXAMPLES / "quickstart" / "grpo-longer.sh")],
+        ["bash", str(EXAMPLES / "quickstart" / script)],
         capture_output=True, text=True, cwd=tmp_path,
-        env={**os.environ, "PT_GRPO_STEPS": "abc"},
+        env={**os.environ, variable: bad},
     )  # fmt: skip
     assert proc.returncode == 2
-    assert proc.stderr.splitlines()[0] == "error: PT_GRPO_STEPS=abc is not a number of steps"
-    assert not list(tmp_path.iterdir())
-
-
-def test_opd_longer_without_a_quickstart_output_says_what_to_run(tmp_path):
-    proc = subprocess.run(
-        ["bash", str(EXAMPLES / "quickstart" / "opd-longer.sh")],
-        capture_output=True, text=True, cwd=tmp_path,
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert "no quickstart output" in proc.stderr and "examples/quickstart/run.sh" in proc.stderr
-    assert not list(tmp_path.iterdir())
-
-
-def test_opd_longer_names_a_bad_step_count_before_it_writes(tmp_path):
-    proc = subprocess.run(
-        ["bash", str(EXAMPLES / "quickstart" / "opd-longer.sh")],
-        capture_output=True, text=True, cwd=tmp_path,
-        env={**os.environ, "PT_OPD_STEPS": "0"},
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines()[0] == "error: PT_OPD_STEPS=0 is not a number of steps"
+    assert proc.stderr.splitlines()[0] == f"error: {variable}={bad} is not a number of steps"
     assert not list(tmp_path.iterdir())
 
 
