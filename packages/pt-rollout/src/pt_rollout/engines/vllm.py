@@ -8,7 +8,7 @@ vLLM is an optional dependency (``pip install pt-rollout[vllm]`` on GPU machines
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pt_core.log import get_logger
@@ -38,13 +38,22 @@ class VLLMEngine(Engine):
         max_logprobs: int = 20,
         enforce_eager: bool | None = None,
         logprobs_mode: str = "raw",
+        in_process: bool = False,
     ):
+        """``in_process``: the engine core and its one worker run in this process on every
+        platform (vLLM's default elsewhere than here is a process of their own), so that
+        :meth:`push_weights` hands them tensors, not copies sent over a socket."""
         _quiet_vllm_logging()
         from vllm import LLM  # pyright: ignore[reportMissingImports]
         from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
 
         on_cpu = current_platform.is_cpu()
         extra = {}
+        if in_process:
+            if tensor_parallel_size != 1:
+                raise ValueError("an in-process vLLM engine has one worker: tensor_parallel_size 1")
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            extra["distributed_executor_backend"] = "uni"
         if on_cpu:
             # On CPU the KV cache is sized by this variable (GiB), not by memory utilisation.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
@@ -236,6 +245,16 @@ class VLLMEngine(Engine):
             log.debug("vllm: CPU GEMM of tied layers rebuilt after the load: %s", rebuilt[0])
         self.llm.reset_prefix_cache()
 
+    def push_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """New weights from ``(name, tensor)`` pairs under the model's checkpoint names (a
+        Hugging Face model's state dict), loaded in place like :meth:`load_weights`: no
+        file. The tensors reach the worker as they are only in an engine built
+        ``in_process``; elsewhere vLLM serialises them to its worker processes."""
+        rebuilt = self.llm.collective_rpc("pt_push_weights", args=(list(weights),))
+        if any(rebuilt):
+            log.debug("vllm: CPU GEMM of tied layers rebuilt after the push: %s", rebuilt[0])
+        self.llm.reset_prefix_cache()
+
     def close(self) -> None:
         llm = getattr(self, "llm", None)
         if llm is not None:
@@ -269,14 +288,22 @@ class WeightPushExtension:
     def pt_reload_weights(self, weights_path: str) -> list[str]:
         """``reload_weights(weights_path=...)``, then the CPU GEMMs it left stale rebuilt;
         returns the names of the rebuilt layers."""
+        return self._pt_reload(weights_path=weights_path)
+
+    def pt_push_weights(self, weights: list) -> list[str]:
+        """``reload_weights`` from ``(name, tensor)`` pairs in checkpoint format (a Hugging
+        Face state dict) instead of a directory, then the same repair of tied CPU GEMMs."""
+        return self._pt_reload(weights_iterator=iter(weights))
+
+    def _pt_reload(self, **source) -> list[str]:
         from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
 
         if not current_platform.is_cpu():
-            self.reload_weights(weights_path=weights_path)
+            self.reload_weights(**source)
             return []
         model = self.model_runner.get_model()
         before = {name: m.cpu_linear for name, m in _cpu_gemm_layers(model)}
-        self.reload_weights(weights_path=weights_path)
+        self.reload_weights(**source)
         return _rebuild_tied_cpu_gemms(model, before)
 
 
