@@ -468,10 +468,13 @@ def load_full(engine, path: Path, env: DistEnv, zero_stage: int) -> dict:
     return json.loads((path / "trainer_state.json").read_text())
 
 
-def gathered_state_dict(engine, zero_stage: int, *, merged: bool = True) -> dict | None:
+def gathered_state_dict(
+    engine, zero_stage: int, *, merged: bool = True, on_device: bool = False
+) -> dict | None:
     """The full model state dict on rank 0 (None elsewhere); ZeRO-3 partitions are gathered.
     A LoRA model's is its merged weights under the base model's names (``merged``), or
-    peft's own state dict, base and adapters apart."""
+    peft's own state dict, base and adapters apart. The tensors are moved to the CPU
+    unless ``on_device`` (below ZeRO-3 they are then the live parameters, detached)."""
     if zero_stage == 3:
         state = engine._zero3_consolidated_16bit_state_dict()
         if torch.distributed.get_rank() != 0:
@@ -479,7 +482,10 @@ def gathered_state_dict(engine, zero_stage: int, *, merged: bool = True) -> dict
     elif torch.distributed.get_rank() != 0:
         return None
     else:
-        state = {k: v.detach().cpu() for k, v in engine.module.state_dict().items()}
+        state = {
+            k: v.detach() if on_device else v.detach().cpu()
+            for k, v in engine.module.state_dict().items()
+        }
     if merged and is_lora(engine.module):
         state = merged_state_dict(engine.module, state)
     return state

@@ -281,7 +281,7 @@ class Trainer:
                 "rollout.prompts",
             )
         rollout = self.cfg.rollout
-        if self.zero_stage == 3 and (rollout.generator == "local" or rollout.schedule != "sync"):
+        if self.zero_stage == 3 and (rollout.generator != "server" or rollout.schedule != "sync"):
             raise ConfigError(
                 "under ZeRO-3 the online loop gathers the weights on every rank for each round: "
                 "it needs rollout.generator=server and rollout.schedule=sync",
@@ -289,7 +289,11 @@ class Trainer:
             )
 
         def state_dict():
-            return ckpt.gathered_state_dict(self.engine, self.zero_stage)
+            # a colocated engine shares the trainer's device: its weights are not copied
+            # to the CPU on the way
+            return ckpt.gathered_state_dict(
+                self.engine, self.zero_stage, on_device=rollout.generator == "colocate"
+            )
 
         def token_logps(batch):
             """The current weights' log-probs of a batch's trained tokens (no gradient)."""

@@ -15,6 +15,13 @@ Where the samples come from (``rollout.generator``):
 
 - ``local``: the HF engine generates with the policy module itself, in the trainer's
   process, between steps; the weights are always the current ones (no copies);
+- ``colocate``: a vLLM engine in the trainer's process (built once from the starting
+  weights), given the current weights before each round straight from the live
+  parameters, under the model's checkpoint names (:meth:`VLLMEngine.push_weights
+  <pt_rollout.engines.vllm.VLLMEngine.push_weights>`: no file); its cost is the
+  ``weight_push_s`` metric. It generates exactly as the server path does (the same
+  requests, sampling and per-sample seeds, so the same rows) and scores with the teacher
+  in this process, as ``local`` does;
 - ``server``: a generator process (:mod:`pt_rollout.serve`, HF or vLLM, in its own
   environment if need be) that gets the policy's weights at every round start, written as
   safetensors to a directory in memory (``/dev/shm``) and loaded in place; its cost is the
@@ -52,6 +59,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -151,7 +159,8 @@ class OnlineProducer(Producer):
         self._meta: dict[int, dict] = {}
         self._pending: dict[int, int] = {}  # round -> generator key (server)
         self._pending_version: dict[int, int] = {}
-        self._generator = None
+        # HFEngine (local), VLLMEngine (colocate) or GeneratorPool (server): built on first use
+        self._generator: Any = None
         self._teacher = None
         self._push_dirs: list[Path] = []
         self._push_keys: list[int] = []
@@ -335,7 +344,7 @@ class OnlineProducer(Producer):
 
     def _generate_round(self, index: int, *, keep_ahead: bool = True) -> None:
         started = time.perf_counter()
-        if self.rollout.generator == "local":
+        if self.rollout.generator != "server":
             result = self._generate_local(index)
         else:
             result = self._generate_server(index, keep_ahead=keep_ahead)
@@ -452,7 +461,7 @@ class OnlineProducer(Producer):
 
     def _run_now(self, requests) -> dict:
         """Generate (and score) ``requests`` at once with the current generator."""
-        if self.rollout.generator == "local":
+        if self.rollout.generator != "server":
             return self._generate_local_requests(requests)
         self._push_current()
         key = self._generator.submit_generate(requests, self._sampling(), self._score_request())
@@ -500,11 +509,17 @@ class OnlineProducer(Producer):
         )
 
     def _generate_local_requests(self, requests) -> dict:
+        """Generate in this process: the HF engine on the policy module (``local``), or the
+        colocated vLLM engine, given the current weights first (``colocate``)."""
         from pt_rollout.engines import SamplingParams
         from pt_rollout.engines.hf import HFEngine
 
         model = self.policy()
-        if self._generator is None:
+        if self.rollout.generator == "colocate":
+            if self._generator is None:
+                self._generator = self._start_colocated()
+            self._push_in_memory()
+        elif self._generator is None:
             device = next(model.parameters()).device
             self._generator = HFEngine(
                 model,
@@ -549,6 +564,60 @@ class OnlineProducer(Producer):
                 )
             self._teacher = HFEngine(path)
         return self._teacher
+
+    # ------------------------------------------------------------------ the colocated engine
+
+    def _start_colocated(self):
+        """A vLLM engine in this process, built from the current weights (written once to
+        a directory in memory for vLLM to read the model's config and tokenizer with,
+        removed once it is built)."""
+        from pt_rollout.engines.vllm import VLLMEngine
+
+        r = self.rollout
+        base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+        start = Path(tempfile.mkdtemp(prefix="pt-colocate-", dir=base))
+        try:
+            self.tokenizer.save_pretrained(str(start))
+            self._save_current(start)
+            engine = VLLMEngine(
+                str(start),
+                seed=r.seed,
+                gpu_memory_utilization=r.gpu_memory_utilization,
+                max_model_len=r.max_model_len,
+                max_logprobs=self._max_logprobs(),
+                logprobs_mode=self.needs.logprobs_mode,
+                in_process=True,
+            )
+        finally:
+            shutil.rmtree(start, ignore_errors=True)
+        self._pushed_version = self._version
+        log.info(
+            "colocated vLLM engine in this process: weights pushed in memory from the live "
+            "parameters before each round (no file)"
+        )
+        return engine
+
+    def _push_in_memory(self) -> None:
+        """The current weights to the colocated engine unless it has them: the policy's
+        state dict (merged under the base model's names for LoRA) handed to vLLM's
+        ``load_weights`` as it is, tensors shared, not copied."""
+        if self._pushed_version == self._version:
+            return
+        start = time.perf_counter()
+        state = self.state_dict_of_policy()
+        assert state is not None, "the colocated engine runs on rank 0, which has the weights"
+        self._generator.push_weights(state.items())
+        self._pushed_version = self._version
+        self._push_seconds += time.perf_counter() - start
+
+    def _max_logprobs(self) -> int:
+        """The most log-probs per position a generator returns: the student's and the
+        teacher's top-k, at least vLLM's default 20."""
+        return max(
+            20,
+            self.needs.student_top_k,
+            self.needs.teacher.top_k if self.needs.teacher else 0,
+        )
 
     # ------------------------------------------------------------------ the generator process
 
@@ -645,12 +714,12 @@ class OnlineProducer(Producer):
             version=self._version,
             gpu_memory_utilization=r.gpu_memory_utilization,
             max_model_len=r.max_model_len,
-            max_logprobs=max(20, self.needs.student_top_k,
-                             self.needs.teacher.top_k if self.needs.teacher else 0),
+            max_logprobs=self._max_logprobs(),
             logprobs_mode=self.needs.logprobs_mode,
             decoder=r.decoder,
         )  # fmt: skip
         self._pushed_version = self._version
+        log.info("weights pushed as safetensors written to %s", path.parent)
 
     def _push_current(self) -> None:
         """Send the current weights to the generator unless it has them; without waiting
@@ -678,13 +747,17 @@ class OnlineProducer(Producer):
         self._push_turn += 1
         if len(self._push_keys) >= 2:  # the push that used this directory must be loaded
             self._generator.wait(self._push_keys.pop(0))
+        for old in target.glob("*.safetensors"):
+            old.unlink()
+        self._save_current(target)
+        return target
+
+    def _save_current(self, target: Path) -> None:
+        """The current weights (gathered, under ZeRO-3) as safetensors in ``target``."""
         from pt_train.checkpoint import save_model_weights
 
         state = self._gathered if self._gathered is not None else self.state_dict_of_policy()
-        for old in target.glob("*.safetensors"):
-            old.unlink()
         save_model_weights(self.policy(), target, state)
-        return target
 
 
 def round_figures(rows: list[dict]) -> dict:
