@@ -16,6 +16,16 @@ the median over the steps after the first, each trainer in its own process, alte
 
 Prints a table on stderr and one JSON line on stdout, last, with ``ratio`` (TRL's seconds
 per step over pt-train's).
+
+    uv run --no-sync python bench/grpo_vs_trl.py --generators [--steps 8] [--repeats 2]
+
+compares pt-train's vLLM generators instead, on the same model and steps: ``colocate``
+(vLLM in the trainer's process, weights pushed from the live parameters) against
+``server`` (a vLLM generator process, weights written to /dev/shm and loaded). Both run
+``.venv-vllm/bin/pt-train`` (made by .ci/setup-vllm.sh), so the trainer's torch build is
+the same in both; the JSON line has ``ratio`` (server's seconds per step over colocate's),
+the median ``weight_push_s`` of each, and whether the two sampled the same rows (per-sample
+seeds).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ PROMPTS_PER_STEP = 4
 GENERATIONS = 8
 MAX_NEW_TOKENS = 40
 LR = 1e-5
+VLLM_BIN = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin"
 
 
 def prepare(workdir: Path, steps: int) -> None:
@@ -148,11 +159,16 @@ def run_trl(workdir: Path, steps: int) -> dict:
     return {"step_times": step_times}
 
 
-def pt_config(workdir: Path, steps: int) -> Path:
+def pt_config(workdir: Path, steps: int, generator: str = "local") -> Path:
     import yaml
 
+    rollout = {}
+    if generator != "local":
+        rollout = {"generator": generator, "engine": "vllm"}
+        if generator == "server":
+            rollout["python"] = str(VLLM_BIN / "python")
     config = {
-        "run_name": "pt-train",
+        "run_name": run_name(generator),
         "output_dir": str(workdir / "runs"),
         "model": {"name_or_path": str(workdir / "model")},
         "objective": {"name": "grpo", "aggregation": "dapo", "beta": 0.0},
@@ -161,6 +177,7 @@ def pt_config(workdir: Path, steps: int) -> Path:
             "samples_per_prompt": GENERATIONS,
             "max_tokens": MAX_NEW_TOKENS,
             "temperature": 1.0,
+            **rollout,
         },
         "training": {
             "learning_rate": LR,
@@ -171,10 +188,14 @@ def pt_config(workdir: Path, steps: int) -> Path:
             "seed": 0,
         },
     }
-    path = workdir / "pt-train.yaml"
+    path = workdir / f"{run_name(generator)}.yaml"
     path.write_text(yaml.safe_dump(config))
-    shutil.rmtree(workdir / "runs" / "pt-train", ignore_errors=True)
+    shutil.rmtree(workdir / "runs" / run_name(generator), ignore_errors=True)
     return path
+
+
+def run_name(generator: str) -> str:
+    return "pt-train" if generator == "local" else f"pt-train-{generator}"
 
 
 def child_trl(workdir: Path, steps: int, threads: int) -> None:
@@ -187,25 +208,35 @@ def child_trl(workdir: Path, steps: int, threads: int) -> None:
 
 
 def measure(which: str, workdir: Path, steps: int, threads: int) -> dict:
+    """One run of ``which``: trl, pt-train (the HF engine in-process), or pt-train with the
+    vLLM generator ``colocate`` or ``server`` (run by .venv-vllm's pt-train)."""
     env = bench_env(threads)
     if which == "trl":
         cmd = trl_child_cmd(__file__, workdir, steps, threads)
-    else:
+    elif which == "pt-train":
         config = pt_config(workdir, steps)
         cmd = [os.path.join(os.path.dirname(sys.executable), "pt-train"), "-q", "run", str(config)]
+    else:
+        config = pt_config(workdir, steps, which)
+        cmd = [str(VLLM_BIN / "pt-train"), "-q", "run", str(config)]
     code, out, err, peak = run_measured(cmd, env)
     if code != 0:
         raise RuntimeError(f"{which} failed:\n{err[-4000:]}")
     if which == "trl":
         result = json.loads(out.strip().splitlines()[-1])
     else:
-        records = [
-            json.loads(x)
-            for x in (workdir / "runs" / "pt-train" / "metrics.jsonl").read_text().splitlines()
-        ]
+        run_dir = workdir / "runs" / run_name("local" if which == "pt-train" else which)
+        records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         result = {
             "step_times": [r["step_time_s"] for r in records],
             "reward": [r.get("reward") for r in records],
+            # rounds after the first: the first comes with the engine's start, no push
+            "weight_push_s": [r["weight_push_s"] for r in records[1:] if "weight_push_s" in r],
+            "completions": [
+                json.loads(x)["completion_token_ids"]
+                for d in sorted((run_dir / "rounds").iterdir())
+                for x in (d / "rollouts.jsonl").read_text().splitlines()
+            ],
         }
     result["seconds_per_step"] = statistics.median(result["step_times"][1:])
     result["peak_rss_mb"] = peak
@@ -219,6 +250,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--child", choices=["trl"], default=None)
+    parser.add_argument(
+        "--generators", action="store_true",
+        help="compare pt-train's colocated vLLM generator with a vLLM generator process",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.child:
         child_trl(args.workdir, args.steps, args.threads)
@@ -228,6 +263,9 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     if not (workdir / "model").exists():
         prepare(workdir, args.steps)
+    if args.generators:
+        compare_generators(workdir, args)
+        return
     runs: dict[str, list[dict]] = {"trl": [], "pt-train": []}
     for _ in range(args.repeats):
         for which in runs:
@@ -252,6 +290,47 @@ def main() -> None:
                 "trl_s_per_step": round(per_step["trl"], 3),
                 "pt_train_s_per_step": round(per_step["pt-train"], 3),
                 "ratio": round(ratio, 3),
+            }
+        )
+    )
+
+
+def compare_generators(workdir: Path, args) -> None:
+    if not (VLLM_BIN / "pt-train").exists():
+        sys.exit(f"error: {VLLM_BIN / 'pt-train'} is missing\n  fix: run .ci/setup-vllm.sh")
+    runs: dict[str, list[dict]] = {"colocate": [], "server": []}
+    for _ in range(args.repeats):
+        for which in runs:
+            runs[which].append(measure(which, workdir, args.steps, args.threads))
+    per_step = {k: statistics.median(r["seconds_per_step"] for r in v) for k, v in runs.items()}
+    push = {k: statistics.median(s for r in v for s in r["weight_push_s"]) for k, v in runs.items()}
+    rss = {k: statistics.median(r["peak_rss_mb"] for r in v) for k, v in runs.items()}
+    same_rows = runs["colocate"][0]["completions"] == runs["server"][0]["completions"]
+    ratio = per_step["server"] / per_step["colocate"]
+    lines = [
+        f"Llama hidden 128 x 4 layers; {PROMPTS_PER_STEP} prompts x {GENERATIONS} generations "
+        f"per step, {MAX_NEW_TOKENS} new tokens, vLLM-CPU generator; {args.steps} steps, "
+        f"{args.threads} threads, median of {args.repeats} runs each",
+        # the largest process: the trainer's, vLLM included for colocate; server's generator
+        # process is another one
+        f"{'':10} {'s/step':>8} {'push s':>8} {'peak RSS MB':>12}   every run (s/step)",
+    ]
+    for key in runs:
+        every = ", ".join(f"{r['seconds_per_step']:.2f}" for r in runs[key])
+        lines.append(
+            f"{key:10} {per_step[key]:>8.2f} {push[key]:>8.3f} {rss[key]:>12.0f}   {every}"
+        )
+    lines.append(f"ratio server / colocate seconds per step: {ratio:.2f}; same rows: {same_rows}")
+    print("\n".join(lines), file=sys.stderr)
+    print(
+        json.dumps(
+            {
+                "colocate_s_per_step": round(per_step["colocate"], 3),
+                "server_s_per_step": round(per_step["server"], 3),
+                "colocate_weight_push_s": round(push["colocate"], 4),
+                "server_weight_push_s": round(push["server"], 4),
+                "ratio": round(ratio, 3),
+                "same_rows": same_rows,
             }
         )
     )
