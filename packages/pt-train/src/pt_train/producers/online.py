@@ -19,9 +19,10 @@ Where the samples come from (``rollout.generator``):
   weights), given the current weights before each round straight from the live
   parameters, under the model's checkpoint names (:meth:`VLLMEngine.push_weights
   <pt_rollout.engines.vllm.VLLMEngine.push_weights>`: no file); its cost is the
-  ``weight_push_s`` metric. It generates exactly as the server path does (the same
-  requests, sampling and per-sample seeds, so the same rows) and scores with the teacher
-  in this process, as ``local`` does;
+  ``weight_push_s`` metric (the load included, where the server's is the write). It
+  generates with the server path's requests, sampling and per-sample seeds (the same
+  rows in ``bench/grpo_vs_trl.py --generators``) and scores with the teacher in this
+  process, as ``local`` does;
 - ``server``: a generator process (:mod:`pt_rollout.serve`, HF or vLLM, in its own
   environment if need be) that gets the policy's weights at every round start, written as
   safetensors to a directory in memory (``/dev/shm``) and loaded in place; its cost is the
