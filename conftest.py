@@ -15,6 +15,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
+def _fork_commands() -> None:
+    """Run the tests' pt-train/pt-rollout/pt-data commands as forks of a process that has
+    imported torch (tests/zygote.py; ``PT_TEST_FORK=0`` runs each as a plain process)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "tests" / "zygote.py"
+    spec = importlib.util.spec_from_file_location("pt_tests_zygote", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    module.install()
+
+
+_fork_commands()
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory):
     """A byte-level BPE tokenizer with a ChatML template, saved to disk."""

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # helper modules beside the tests
 
-from shell import sh  # noqa: E402
+from shell import sh, tools_path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "examples" / "quickstart"
@@ -33,7 +33,7 @@ def quickstart_out(tmp_path_factory):
     out.mkdir()
     env = {
         **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PATH": tools_path(),
         "HF_HUB_OFFLINE": "1",
         "DS_ACCELERATOR": "cpu",
         "TOKENIZERS_PARALLELISM": "false",

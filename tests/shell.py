@@ -3,8 +3,20 @@ it must exit 0 without a traceback."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
+
+
+def tools_path() -> str:
+    """``PATH`` with this environment's console scripts first, behind the suite's
+    stand-ins for them where its commands are forked (tests/zygote.py)."""
+    first = [str(Path(sys.executable).parent)]
+    socket = os.environ.get("PT_TEST_ZYGOTE")
+    if socket:
+        first.insert(0, str(Path(socket).parent / "bin"))
+    return os.pathsep.join([*first, os.environ["PATH"]])
 
 
 def sh(command: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:

@@ -1,0 +1,119 @@
+"""The suite's forked commands (tests/zygote.py) behave as plain processes: the same
+exit status, streams, working directory, environment and signals, whether started by
+``subprocess`` or by a shell; a command it cannot run faithfully is a plain process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+zygote = sys.modules.get("pt_tests_zygote")
+pytestmark = pytest.mark.skipif(
+    zygote is None or subprocess.Popen is not zygote.ForkedPopen,
+    reason="commands are plain processes (PT_TEST_FORK=0)",
+)
+BIN = Path(sys.executable).parent
+
+
+def both(args, **kwargs) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """``args`` run forked and as a plain process."""
+    forked = subprocess.run(args, capture_output=True, text=True, timeout=300, **kwargs)
+    env = {**kwargs.pop("env", os.environ), "PT_TEST_FORK": "0"}
+    plain = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env, **kwargs)
+    return forked, plain
+
+
+def test_a_command_is_forked_and_ends_as_a_plain_one(tmp_path):
+    proc = subprocess.Popen([BIN / "pt-data", "--version"], stdout=subprocess.PIPE, text=True)
+    assert proc._zygote_conn is not None  # forked, not started
+    out, _ = proc.communicate(timeout=300)
+    forked, plain = both([BIN / "pt-data", "--version"])
+    assert (proc.returncode, out) == (plain.returncode, plain.stdout) == (0, forked.stdout)
+    # an error: exit 2 and one line on stderr, nothing on stdout, relative to the cwd
+    (tmp_path / "here.yaml").write_text("data: [\n")
+    forked, plain = both([BIN / "pt-train", "check", "here.yaml"], cwd=tmp_path)
+    assert forked.returncode == plain.returncode == 2
+    assert forked.stdout == plain.stdout == ""
+    assert forked.stderr == plain.stderr and "here.yaml" in forked.stderr
+
+
+def test_stdin_and_the_environment_reach_the_command(tmp_path):
+    forked, plain = both(
+        [BIN / "pt-train", "check", "/dev/stdin"],
+        input="training:\n  max_steps: -3\n",
+        env={**os.environ, "PT_X": "1"},
+    )
+    assert forked.returncode == plain.returncode == 2
+    assert forked.stderr == plain.stderr and "max_steps" in forked.stderr
+    rows = tmp_path / "p.jsonl"
+    rows.write_text('{"id": 1, "completion": "\\\\boxed{2}", "answer": "2"}\n')
+    forked, plain = both([BIN / "pt-eval", "grade", rows, "--workers", "1"])
+    assert forked.returncode == plain.returncode == 0
+    assert forked.stdout == plain.stdout and '"accuracy": 1.0' in forked.stdout
+
+
+def test_an_environment_read_at_import_time_is_a_plain_process():
+    env = {**os.environ, "HF_HOME": "/nonexistent"}
+    proc = subprocess.Popen([BIN / "pt-data", "--version"], stdout=subprocess.PIPE, env=env)
+    assert proc._zygote_conn is None
+    proc.communicate(timeout=300)
+    assert proc.returncode == 0
+
+
+def test_a_shell_runs_the_forked_command_and_gets_its_status(tmp_path):
+    script = "pt-train check missing.yaml; echo status=$?; pt-data --version | tr a-z A-Z"
+    forked, plain = both(["bash", "-c", script], cwd=tmp_path)
+    assert forked.returncode == plain.returncode == 0
+    assert forked.stdout == plain.stdout
+    assert "status=2" in forked.stdout and "PT-DATA" in forked.stdout
+    assert forked.stderr == plain.stderr
+
+
+def reading_stdin(pid: int) -> bool:
+    """Whether ``pid`` is blocked in read(2) of its standard input's pipe (x86-64, arm64)."""
+    try:
+        fields = Path(f"/proc/{pid}/syscall").read_text().split()
+        if len(fields) < 2 or fields[0] not in ("0", "63"):
+            return False
+        fd = int(fields[1], 16)
+        return os.readlink(f"/proc/{pid}/fd/{fd}") == os.readlink(f"/proc/{pid}/fd/0")
+    except (OSError, ValueError):
+        return False
+
+
+def wait_reading_stdin(pids) -> None:
+    deadline = time.monotonic() + 300
+    while not any(reading_stdin(pid) for pid in pids()):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_a_signal_ends_the_forked_command_as_it_ends_a_plain_one():
+    """SIGTERM to a command blocked on reading its config from stdin, sent to the process
+    a test holds: the forked one (through subprocess) and the one a shell runs (through
+    the stand-in) end as the plain process does."""
+    forks = lambda: [  # noqa: E731 - the zygote's children
+        int(pid)
+        for task in Path(f"/proc/{zygote._ZYGOTE.proc.pid}/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    ]
+    ends = {}
+    for name, args, env in [
+        ("forked", [BIN / "pt-train", "run", "/dev/stdin"], os.environ),
+        ("shell", ["bash", "-c", "exec pt-train run /dev/stdin"], os.environ),
+        ("plain", [BIN / "pt-train", "run", "/dev/stdin"], {**os.environ, "PT_TEST_FORK": "0"}),
+    ]:
+        proc = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        wait_reading_stdin(forks if name == "shell" else lambda p=proc: [p.pid])
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+        ends[name] = (proc.returncode, err)
+    assert ends["forked"] == ends["shell"] == ends["plain"], ends

@@ -1,0 +1,415 @@
+"""The suite's console-script runs, forked from a process that has imported torch once.
+
+A ``pt-train`` process spends most of a test's second or two importing torch,
+transformers and DeepSpeed; the suite starts a few hundred of them. This module keeps one
+process per test worker (the zygote) that has imported those modules, and runs each
+``pt``/``pt-train``/``pt-rollout``/``pt-data``/``pt-eval`` command the tests start as a fork of it: the
+console script itself (``runpy`` of the file in the virtual environment's ``bin``, as
+``__main__``), with the command's arguments, environment, working directory and standard
+streams, ending the way an interpreter ends (non-daemon threads joined, ``atexit``
+handlers run, streams flushed) with the same exit status.
+
+It is switched on for the whole session by the root conftest (``subprocess.Popen`` is
+:class:`ForkedPopen`, which starts every other program, and every command it cannot fork
+faithfully, as a plain process) and off with ``PT_TEST_FORK=0``. A command is forked only
+when nothing its pre-imported modules read at import time could differ: the same
+interpreter, no shell, no ``preexec_fn``/new session/process group/extra fds, and an
+environment that differs from the zygote's only in variables read at run time
+(:data:`RUNTIME_VARIABLES`). ``OMP_NUM_THREADS`` is applied with ``torch.set_num_threads``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+
+SOCKET_VARIABLE = "PT_TEST_ZYGOTE"
+# The console scripts a test's command may be forked for (they import torch).
+FORKED_SCRIPTS = ("pt-train", "pt-rollout", "pt-data", "pt-eval", "pt")
+SHELLS = ("bash", "sh")
+# What the zygote imports: what those commands import before they do their work.
+PRELOAD = (
+    "torch",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.qwen2.modeling_qwen2",
+    "deepspeed",
+    "pt_core.cli",
+    "pt_core.umbrella",
+    "pt_data.cli",
+    "pt_eval.cli",
+    "pt_rollout.cli",
+    "pt_train.cli",
+    "pt_train.trainer",
+    "pt_train.producers.online",
+)
+# Variables a forked command may have that the zygote lacks, or with another value:
+# nothing imported in the zygote reads them at import time.
+RUNTIME_VARIABLES = {
+    "OMP_NUM_THREADS",  # applied in the child with torch.set_num_threads
+    "PATH",
+    "PWD",
+    "OLDPWD",
+    "TMPDIR",  # tempfile.tempdir is reset in the child
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SHLVL",  # set by a shell
+    "_",  # set by a shell
+}
+RUNTIME_PREFIXES = ("PT_", "PYTEST_", "SLURM_", "WANDB_", "MLFLOW_", "TENSORBOARD_", "VLLM_")
+
+
+def _runtime(name: str) -> bool:
+    return name in RUNTIME_VARIABLES or name.startswith(RUNTIME_PREFIXES)
+
+
+# ----------------------------------------------------------------------------- the zygote
+
+
+def _serve(path: str) -> None:
+    import importlib
+
+    bindir = os.path.dirname(sys.executable)
+    sys.path[0] = bindir  # what a console script in bin/ has as sys.path[0]
+    for name in PRELOAD:
+        importlib.import_module(name)
+    import torch
+
+    default_threads = torch.get_num_threads()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    if os.path.exists(path):  # an earlier zygote's that ended
+        os.unlink(path)
+    listener.bind(path)
+    listener.listen(64)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    children: dict[int, socket.socket] = {}
+    while True:
+        ready, _, _ = select.select([listener], [], [], 0.02)
+        if ready:
+            conn, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 22, 3)
+            request = json.loads(message)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in children.values():
+                    other.close()
+                conn.close()
+                _child(request, fds, default_threads)  # never returns
+            for fd in fds:
+                os.close(fd)
+            conn.send(str(pid).encode())
+            children[pid] = conn
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.send(str(status).encode())
+                conn.close()
+
+
+def _child(request: dict, fds: list[int], default_threads: int) -> None:
+    code = 1
+    try:
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        import random
+
+        import numpy as np
+        import torch
+
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0
+                              else default_threads)  # fmt: skip
+        random.seed()
+        np.random.seed()
+        tempfile.tempdir = None
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        script = request["argv"][0]
+        sys.argv = list(request["argv"])
+        import runpy
+
+        try:
+            runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as stop:
+            if stop.code is None:
+                code = 0
+            elif isinstance(stop.code, int):
+                code = stop.code & 0xFF
+            else:
+                print(stop.code, file=sys.stderr)
+                code = 1
+        except KeyboardInterrupt:
+            # An interpreter that ends on Ctrl-C dies of SIGINT after its exit handlers.
+            _finish()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        except BaseException:
+            sys.excepthook(*sys.exc_info())
+            code = 1
+        _finish()
+    finally:
+        os._exit(code)
+
+
+def _finish() -> None:
+    """What an interpreter does at its end: join non-daemon threads, run atexit, flush."""
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+
+
+# ---------------------------------------------------------------------- the test's side
+
+
+class _Zygote:
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.path = ""
+        self.env: dict[str, str] = {}
+        self.failed = False
+        self.lock = threading.Lock()
+
+    def ensure(self) -> bool:
+        with self.lock:
+            if self.proc is not None and self.proc.poll() is None:
+                return True
+            if self.failed or not self.path:
+                return False
+            with open(self.path + ".stderr", "wb") as log:
+                self.proc = _PLAIN_POPEN(
+                    [sys.executable, __file__, self.path],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    env=self.env,
+                    cwd="/",
+                )
+            line = self.proc.stdout.readline()
+            if line.strip() != b"ready":
+                self.failed = True
+                self.proc.kill()
+                return False
+            atexit.register(self.stop)
+            return True
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def compatible(self, env: dict[str, str]) -> bool:
+        keys = set(env) | set(self.env)
+        return all(_runtime(k) for k in keys if env.get(k) != self.env.get(k))
+
+
+_ZYGOTE = _Zygote()
+_PLAIN_POPEN = subprocess.Popen
+
+
+def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
+              process_group, env) -> list[str] | None:  # fmt: skip
+    if os.environ.get("PT_TEST_FORK", "1") == "0":
+        return None
+    if shell or executable or preexec_fn or pass_fds or start_new_session:
+        return None
+    if process_group not in (None, -1):
+        return None
+    if isinstance(args, (str, bytes, os.PathLike)):
+        return None
+    argv = [os.fsdecode(a) for a in args]
+    if argv and os.path.basename(argv[0]) in SHELLS:
+        _ZYGOTE.ensure()  # for the commands the script runs (client)
+    if not argv or os.path.basename(argv[0]) not in FORKED_SCRIPTS:
+        return None
+    script = argv[0] if os.sep in argv[0] else None
+    if script is None:
+        return None
+    bindir = os.path.dirname(sys.executable)
+    if os.path.realpath(os.path.dirname(script)) != os.path.realpath(bindir):
+        return None
+    if not _ZYGOTE.compatible(dict(os.environ if env is None else env)):
+        return None
+    return argv
+
+
+class ForkedPopen(_PLAIN_POPEN):
+    """``subprocess.Popen`` that runs a pt console script as a fork of the zygote when it
+    can (see the module's docstring), and everything else as a plain process."""
+
+    _zygote_conn: socket.socket | None = None
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
+                       startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread,
+                       c2pwrite, errread, errwrite, restore_signals, gid, gids, uid, umask,
+                       start_new_session, process_group):  # fmt: skip
+        argv = None
+        if gid is None and not gids and uid is None and umask < 0:
+            argv = _forkable(args, executable, shell, preexec_fn, pass_fds,
+                             start_new_session, process_group, env)  # fmt: skip
+        if argv is not None and _ZYGOTE.ensure():
+            fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
+                   errwrite if errwrite != -1 else 2]  # fmt: skip
+            request = {
+                "argv": argv,
+                "env": dict(os.environ if env is None else env),
+                "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
+            }
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                conn.connect(_ZYGOTE.path)
+                socket.send_fds(conn, [json.dumps(request).encode()], fds)
+                self.pid = int(conn.recv(64))
+            except OSError:
+                conn.close()
+            else:
+                self._zygote_conn = conn
+                self._child_created = True
+                self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+                return
+        super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
+                               startupinfo, creationflags, shell, p2cread, p2cwrite,
+                               c2pread, c2pwrite, errread, errwrite, restore_signals, gid,
+                               gids, uid, umask, start_new_session, process_group)  # fmt: skip
+
+    def _zygote_status(self, block: bool) -> int | None:
+        conn = self._zygote_conn
+        assert conn is not None
+        if not block and not select.select([conn], [], [], 0)[0]:
+            return None
+        message = conn.recv(64)
+        conn.close()
+        return int(message) if message else 0
+
+    def _internal_poll(self, _deadstate=None, **kwargs):
+        if self._zygote_conn is None:
+            return super()._internal_poll(_deadstate, **kwargs)
+        if self.returncode is None and self._waitpid_lock.acquire(False):
+            try:
+                if self.returncode is None:
+                    status = self._zygote_status(block=False)
+                    if status is not None:
+                        self._handle_exitstatus(status)
+            except OSError:
+                if _deadstate is not None:
+                    self.returncode = _deadstate
+            finally:
+                self._waitpid_lock.release()
+        return self.returncode
+
+    def _try_wait(self, wait_flags):
+        if self._zygote_conn is None:
+            return super()._try_wait(wait_flags)
+        status = self._zygote_status(block=not (wait_flags & os.WNOHANG))
+        return (0, 0) if status is None else (self.pid, status)
+
+
+def install() -> None:
+    """Make ``subprocess.Popen`` (and so ``subprocess.run``) fork pt's commands, and put
+    a folder of stand-ins for them first on ``PATH`` (:func:`client`) so that a command a
+    shell script runs is forked too. The zygote, started at the first such command, has
+    the environment of this moment."""
+    if os.environ.get("PT_TEST_FORK", "1") == "0":
+        return
+    folder = tempfile.mkdtemp(prefix="pt-zygote-")
+    atexit.register(shutil.rmtree, folder, True)
+    _ZYGOTE.path = os.path.join(folder, "socket")
+    bindir = os.path.dirname(sys.executable)
+    shims = os.path.join(folder, "bin")
+    os.mkdir(shims)
+    for name in FORKED_SCRIPTS:
+        shim = os.path.join(shims, name)
+        with open(shim, "w") as f:
+            f.write(
+                f"#!{sys.executable} -S\n"
+                "import sys\n"
+                f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+                "import zygote\n"
+                f"zygote.client({os.path.join(bindir, name)!r})\n"
+            )
+        os.chmod(shim, 0o755)
+    os.environ[SOCKET_VARIABLE] = _ZYGOTE.path
+    os.environ["PATH"] = shims + os.pathsep + os.environ.get("PATH", "")
+    _ZYGOTE.env = dict(os.environ)
+    with open(_ZYGOTE.path + ".env", "w") as f:
+        json.dump(_ZYGOTE.env, f)
+    subprocess.Popen = ForkedPopen  # type: ignore[misc]
+
+
+def client(script: str) -> None:
+    """A stand-in for ``script`` run by a shell: the command forked from the zygote with
+    this process's arguments, environment, working directory and standard streams; the
+    signals this process gets passed on to it; its exit status made this process's. Where
+    it cannot be forked (no zygote, an environment it would not honour), ``script`` itself
+    replaces this process."""
+    argv = [script, *sys.argv[1:]]
+    path = os.environ.get(SOCKET_VARIABLE, "")
+    env = dict(os.environ)
+    conn = None
+    try:
+        with open(path + ".env") as f:
+            _ZYGOTE.env = json.load(f)
+        if os.environ.get("PT_TEST_FORK", "1") != "0" and _ZYGOTE.compatible(env):
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            conn.connect(path)
+            request = {"argv": argv, "env": env, "cwd": os.getcwd()}
+            socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+            pid = int(conn.recv(64))
+    except (OSError, ValueError):
+        conn = None
+    if conn is None:
+        os.execv(script, argv)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                signal.SIGUSR1, signal.SIGUSR2):  # fmt: skip
+        signal.signal(sig, lambda number, _frame: os.kill(pid, number))
+    while True:
+        try:
+            message = conn.recv(64)
+            break
+        except InterruptedError:
+            continue
+    status = int(message) if message else 1 << 8
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])
