@@ -88,7 +88,7 @@ def reading_stdin(pid: int) -> bool:
 
 
 def wait_reading_stdin(pids) -> None:
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 120
     while not any(reading_stdin(pid) for pid in pids()):
         assert time.monotonic() < deadline
         time.sleep(0.1)
@@ -112,6 +112,7 @@ def test_a_signal_ends_the_forked_command_as_it_ends_a_plain_one():
         proc = subprocess.Popen(
             args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
         )
+        assert (proc._zygote_conn is not None) == (name == "forked")
         wait_reading_stdin(forks if name == "shell" else lambda p=proc: [p.pid])
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=300)

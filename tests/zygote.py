@@ -14,8 +14,9 @@ It is switched on for the whole session by the root conftest (``subprocess.Popen
 faithfully, as a plain process) and off with ``PT_TEST_FORK=0``. A command is forked only
 when nothing its pre-imported modules read at import time could differ: the same
 interpreter, no shell, no ``preexec_fn``/new session/process group/extra fds, and an
-environment that differs from the zygote's only in variables read at run time
-(:data:`RUNTIME_VARIABLES`). ``OMP_NUM_THREADS`` is applied with ``torch.set_num_threads``.
+environment that differs from the zygote's in no variable its modules may read at import
+time (:data:`IMPORT_TIME_VARIABLES`). ``OMP_NUM_THREADS`` is applied with
+``torch.set_num_threads``.
 """
 
 from __future__ import annotations
@@ -54,29 +55,27 @@ PRELOAD = (
     "pt_train.trainer",
     "pt_train.producers.online",
 )
-# Variables a forked command may have that the zygote lacks, or with another value:
-# nothing imported in the zygote reads them at import time.
-RUNTIME_VARIABLES = {
-    "OMP_NUM_THREADS",  # applied in the child with torch.set_num_threads
-    "PATH",
-    "PWD",
-    "OLDPWD",
-    "TMPDIR",  # tempfile.tempdir is reset in the child
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "SHLVL",  # set by a shell
-    "_",  # set by a shell
-}
-RUNTIME_PREFIXES = ("PT_", "PYTEST_", "SLURM_", "WANDB_", "MLFLOW_", "TENSORBOARD_", "VLLM_")
+# Variables that what the zygote imports (Python, torch, transformers and the Hugging Face
+# hub, tokenizers, DeepSpeed, rich/click/typer) can read at import time: a command whose
+# environment differs from the zygote's in one of them runs as a plain process. Any other
+# variable is read at run time, in the forked command, from its own environment.
+IMPORT_TIME_VARIABLES = {"HOME", "LANG", "TERM", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR",
+                         "TZ", "JUPYTER_COLUMNS", "JUPYTER_LINES"}  # fmt: skip
+IMPORT_TIME_PREFIXES = (
+    "PYTHON", "TORCH", "PYTORCH", "CUDA", "NVIDIA", "HF_", "HUGGINGFACE", "TRANSFORMERS_",
+    "TOKENIZERS_", "SAFETENSORS", "DS_", "DEEPSPEED", "OMP_", "MKL_", "KMP_", "GOMP_",
+    "OPENBLAS", "LD_", "XDG_", "LC_", "TTY_", "CLICOLOR", "_TYPER", "TYPER_", "RICH_",
+)  # fmt: skip
+# ... except these: applied in the child (OMP_NUM_THREADS with torch.set_num_threads), or
+# set by torch in the test's process and read by torch only when it uses them.
+RUN_TIME_EXCEPTIONS = {"OMP_NUM_THREADS", "PYTORCH_NVML_BASED_CUDA_CHECK",
+                       "TORCHINDUCTOR_CACHE_DIR"}  # fmt: skip
 
 
 def _runtime(name: str) -> bool:
-    return name in RUNTIME_VARIABLES or name.startswith(RUNTIME_PREFIXES)
+    if name in RUN_TIME_EXCEPTIONS:
+        return True
+    return name not in IMPORT_TIME_VARIABLES and not name.startswith(IMPORT_TIME_PREFIXES)
 
 
 # ----------------------------------------------------------------------------- the zygote
@@ -244,7 +243,7 @@ _PLAIN_POPEN = subprocess.Popen
 
 def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
               process_group, env) -> list[str] | None:  # fmt: skip
-    if os.environ.get("PT_TEST_FORK", "1") == "0":
+    if (os.environ if env is None else env).get("PT_TEST_FORK", "1") == "0":
         return None
     if shell or executable or preexec_fn or pass_fds or start_new_session:
         return None
