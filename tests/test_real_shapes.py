@@ -180,8 +180,10 @@ def test_generation_stops_at_the_end_of_turn(chatml_run):
 def test_rollout_takes_a_chat_template_when_the_model_has_none(chatml_run):
     work, _, checkpoint = chatml_run
     bare = base_style(checkpoint, work / "no-template", template=False)
+    prompts = work / "refused-prompts.jsonl"
+    prompts.write_text(json.dumps({"id": 1, "prompt": "Say hi"}) + "\n")
     refused = pt(
-        "pt-rollout", "generate", "--model", bare, "--prompts", work / "prompts.jsonl",
+        "pt-rollout", "generate", "--model", bare, "--prompts", prompts,
         "--out", work / "refused.jsonl", "--engine", "hf", cwd=work, check=False,
     )  # fmt: skip
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
