@@ -39,10 +39,13 @@ class VLLMEngine(Engine):
         enforce_eager: bool | None = None,
         logprobs_mode: str = "raw",
         in_process: bool = False,
+        load_format: str = "auto",
     ):
         """``in_process``: the engine core and its one worker run in this process on every
         platform (vLLM's default elsewhere than here is a process of their own), so that
-        :meth:`push_weights` hands them tensors, not copies sent over a socket."""
+        :meth:`push_weights` hands them tensors, not copies sent over a socket.
+        ``load_format="dummy"``: ``model`` needs only a config and a tokenizer, and the
+        engine starts with placeholder weights, to be replaced by a push."""
         _quiet_vllm_logging()
         from vllm import LLM  # pyright: ignore[reportMissingImports]
         from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
@@ -83,6 +86,8 @@ class VLLMEngine(Engine):
             # prompts avoids partial prefills.
             extra["enable_chunked_prefill"] = False
         self._max_logprobs = max_logprobs
+        # One process: the worker reads the pushed pairs straight from the caller.
+        self._in_process = extra.get("distributed_executor_backend") == "uni"
         # vLLM fixes at start-up which distribution its log-probs are of.
         self.logprobs_mode = logprobs_mode
         extra["logprobs_mode"] = (
@@ -98,6 +103,7 @@ class VLLMEngine(Engine):
             max_logprobs=max_logprobs,
             enable_prefix_caching=True,
             enforce_eager=enforce_eager,
+            load_format=load_format,
             worker_extension_cls=f"{__name__}.WeightPushExtension",
             **extra,
         )
@@ -248,9 +254,13 @@ class VLLMEngine(Engine):
     def push_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """New weights from ``(name, tensor)`` pairs under the model's checkpoint names (a
         Hugging Face model's state dict), loaded in place like :meth:`load_weights`: no
-        file. The tensors reach the worker as they are only in an engine built
-        ``in_process``; elsewhere vLLM serialises them to its worker processes."""
-        rebuilt = self.llm.collective_rpc("pt_push_weights", args=(list(weights),))
+        file, one load, and the repair of tied heads once, after the last pair. In an
+        engine whose worker runs in this process (``in_process``) the pairs reach it as they
+        are, taken one at a time as vLLM loads them, so an iterator that makes each pair
+        only when asked (a sharded model gathered a few layers at a time) is never held
+        whole; elsewhere vLLM serialises them, all at once, to its worker processes."""
+        pairs = weights if self._in_process else list(weights)
+        rebuilt = self.llm.collective_rpc("pt_push_weights", args=(pairs,))
         if any(rebuilt):
             log.debug("vllm: CPU GEMM of tied layers rebuilt after the push: %s", rebuilt[0])
         self.llm.reset_prefix_cache()
@@ -290,9 +300,10 @@ class WeightPushExtension:
         returns the names of the rebuilt layers."""
         return self._pt_reload(weights_path=weights_path)
 
-    def pt_push_weights(self, weights: list) -> list[str]:
+    def pt_push_weights(self, weights: Iterable) -> list[str]:
         """``reload_weights`` from ``(name, tensor)`` pairs in checkpoint format (a Hugging
-        Face state dict) instead of a directory, then the same repair of tied CPU GEMMs."""
+        Face state dict) instead of a directory, taken one at a time, then the same repair
+        of tied CPU GEMMs."""
         return self._pt_reload(weights_iterator=iter(weights))
 
     def _pt_reload(self, **source) -> list[str]:
