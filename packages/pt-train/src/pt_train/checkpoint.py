@@ -37,7 +37,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +52,7 @@ from pt_train.lora import (
     hf_model,
     is_four_bit,
     is_lora,
+    lora_layers,
     merged_full_precision,
     merged_state_dict,
     save_adapter,
@@ -491,6 +492,79 @@ def gathered_state_dict(
     return state
 
 
+def gathered_weights(
+    engine, zero_stage: int, *, on_device: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The merged weights of :func:`gathered_state_dict`, under its names, as ``(name,
+    tensor)`` pairs, in a one-rank run. Under ZeRO-3 the whole model is never gathered:
+    the parameters of one group of modules (:func:`_module_groups`) are gathered, that
+    group's pairs handed out while they are (a LoRA layer's merged from its own base and
+    adapters), and released when the pair after the group's last is asked for, before the
+    next group is gathered. A consumer that keeps a tensor keeps only that one alive."""
+    if zero_stage < 3:
+        state = gathered_state_dict(engine, zero_stage, on_device=on_device)
+        assert state is not None, "one rank, rank 0"
+        yield from state.items()
+        return
+    import deepspeed
+
+    # GatheredParameters is a collective; only rank 0 would be asking for the next group.
+    assert torch.distributed.get_world_size() == 1, "gathered a group at a time on one rank only"
+    model = engine.module
+    lora = is_lora(model)
+    for group in _module_groups(model):
+        tensors = {
+            f"{prefix}{name}": tensor
+            for prefix, module in group
+            for name, tensor in _own_state(module)
+        }
+        params = list({id(t): t for t in tensors.values() if hasattr(t, "ds_id")}.values())
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None), torch.no_grad():
+            state = {
+                key: t.detach() if on_device else t.detach().cpu() for key, t in tensors.items()
+            }
+            if lora:
+                state = merged_state_dict(model, state)
+            yield from state.items()
+            del state  # the gathered parameters are released on the way out
+
+
+def _module_groups(model) -> Iterator[list[tuple[str, torch.nn.Module]]]:
+    """``model``'s modules as groups of ``(prefix, module)`` whose own tensors are gathered
+    together, in state-dict order: each block of a ``ModuleList`` (a decoder layer) whole,
+    so that what an inference engine fuses (q/k/v, gate/up) comes in one group; each LoRA
+    layer whole, so that its base weight and adapters merge; every other module alone."""
+    adapted = {id(m) for m in lora_layers(model).values()} if is_lora(model) else set()
+
+    def walk(prefix: str, module) -> Iterator[list[tuple[str, torch.nn.Module]]]:
+        yield [(prefix, module)]
+        for name, child in module.named_children():
+            if isinstance(module, torch.nn.ModuleList) or id(child) in adapted:
+                yield [
+                    (f"{inner}.", m)
+                    for inner, m in child.named_modules(
+                        prefix=f"{prefix}{name}", remove_duplicate=False
+                    )
+                ]
+            else:
+                yield from walk(f"{prefix}{name}.", child)
+
+    for group in walk("", model):
+        if any(True for _, module in group for _ in _own_state(module)):
+            yield group
+
+
+def _own_state(module) -> Iterator[tuple[str, torch.Tensor]]:
+    """What ``module.state_dict()`` holds of ``module`` itself, children apart: its
+    parameters and persistent buffers."""
+    for name, param in module._parameters.items():
+        if param is not None:
+            yield name, param
+    for name, buffer in module._buffers.items():
+        if buffer is not None and name not in module._non_persistent_buffers_set:
+            yield name, buffer
+
+
 def save_inference(
     engine, tokenizer, run_dir: Path, step: int, env: DistEnv, zero_stage: int
 ) -> Path:
@@ -541,3 +615,17 @@ def save_model_weights(model, directory: Path, state_dict: dict | None = None) -
         model.save_pretrained(str(directory), state_dict=state_dict, safe_serialization=True)
     finally:
         model.config.use_cache = was
+
+
+def save_model_config(model, directory: Path) -> None:
+    """What :func:`save_model_weights` writes but the weights: ``model``'s config (KV cache
+    on, its dtype and class named as ``save_pretrained`` names them) and generation config,
+    for an engine that starts with placeholder weights."""
+    model = hf_model(model)
+    config = copy.deepcopy(model.config)
+    config.use_cache = True
+    config.dtype = str(model.dtype).removeprefix("torch.")
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(str(directory))
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(str(directory))
