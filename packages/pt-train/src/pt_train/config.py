@@ -445,16 +445,11 @@ class TrainConfig(Section):
     @model_validator(mode="after")
     def _colocate_is_one_rank(self):
         """The colocated engine runs in rank 0's process and takes its weights from that
-        rank's parameters: whole ones, on one rank. Checked with the config, before the
-        model is loaded; vllm itself last, so the structural errors come first."""
+        rank's parameters, on one rank (under ZeRO-3 gathered there a layer at a time).
+        Checked with the config, before the model is loaded; vllm itself last, so the
+        structural errors come first."""
         if self.rollout.prompts is None or self.rollout.generator != "colocate":
             return self
-        if self.deepspeed.zero_stage == 3:
-            raise ValueError(
-                "rollout.generator=colocate with deepspeed.zero_stage=3: pt-train pushes whole "
-                "parameters to the colocated engine and does not gather ZeRO-3 shards for it"
-                "\n  fix: set deepspeed.zero_stage to 0-2, or rollout.generator=server"
-            )
         if self.launcher.nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ValueError(
                 "rollout.generator=colocate runs one vLLM engine in a single training process; "

@@ -281,19 +281,22 @@ class Trainer:
                 "rollout.prompts",
             )
         rollout = self.cfg.rollout
-        if self.zero_stage == 3 and (rollout.generator != "server" or rollout.schedule != "sync"):
+        if self.zero_stage == 3 and (rollout.generator == "local" or rollout.schedule != "sync"):
             raise ConfigError(
-                "under ZeRO-3 the online loop gathers the weights on every rank for each round: "
-                "it needs rollout.generator=server and rollout.schedule=sync",
+                "under ZeRO-3 the online loop gathers the weights for each round: it needs "
+                "rollout.generator=server (or colocate, on one rank) and rollout.schedule=sync",
                 hint="set them, or use deepspeed.zero_stage 0-2",
             )
 
+        # a colocated engine shares the trainer's device: its weights are not copied to
+        # the CPU on the way
+        on_device = rollout.generator == "colocate"
+
         def state_dict():
-            # a colocated engine shares the trainer's device: its weights are not copied
-            # to the CPU on the way
-            return ckpt.gathered_state_dict(
-                self.engine, self.zero_stage, on_device=rollout.generator == "colocate"
-            )
+            return ckpt.gathered_state_dict(self.engine, self.zero_stage, on_device=on_device)
+
+        def weights():
+            return ckpt.gathered_weights(self.engine, self.zero_stage, on_device=on_device)
 
         def token_logps(batch):
             """The current weights' log-probs of a batch's trained tokens (no gradient)."""
@@ -317,6 +320,7 @@ class Trainer:
             self.tokenizer,
             policy=lambda: hf_model(self.engine.module),
             state_dict=state_dict,
+            weights=weights,
             token_logps=token_logps,
         )
 

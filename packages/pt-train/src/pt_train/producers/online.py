@@ -18,11 +18,12 @@ Where the samples come from (``rollout.generator``):
 - ``colocate``: a vLLM engine in the trainer's process (built once from the starting
   weights), given the current weights before each round straight from the live
   parameters, under the model's checkpoint names (:meth:`VLLMEngine.push_weights
-  <pt_rollout.engines.vllm.VLLMEngine.push_weights>`: no file); its cost is the
-  ``weight_push_s`` metric (the load included, where the server's is the write). It
-  generates with the server path's requests, sampling and per-sample seeds (the same
-  rows in ``bench/grpo_vs_trl.py --generators``) and scores with the teacher in this
-  process, as ``local`` does;
+  <pt_rollout.engines.vllm.VLLMEngine.push_weights>`: no file; under ZeRO-3, on its one
+  rank, gathered a group of modules at a time as vLLM takes them, the engine built from
+  placeholder weights); its cost is the ``weight_push_s`` metric (the load included,
+  where the server's is the write). It generates with the server path's requests,
+  sampling and per-sample seeds (the same rows in ``bench/grpo_vs_trl.py --generators``)
+  and scores with the teacher in this process, as ``local`` does;
 - ``server``: a generator process (:mod:`pt_rollout.serve`, HF or vLLM, in its own
   environment if need be) that gets the policy's weights at every round start, written as
   safetensors to a directory in memory (``/dev/shm``) and loaded in place; its cost is the
@@ -58,7 +59,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +93,12 @@ class OnlineProducer(Producer):
         *,
         policy: Callable[[], object],
         state_dict: Callable[[], dict | None],
+        weights: Callable[[], Iterable[tuple[str, Any]]],
         token_logps: Callable[[Batch], object] | None = None,
     ):
+        """``state_dict``: the policy's merged state dict (gathered on every rank under
+        ZeRO-3, None but on rank 0), for the generator servers; ``weights``: the same as
+        ``(name, tensor)`` pairs made as they are asked for, for the colocated engine."""
         from pt_rollout.prompts import prompts_path, read_prompts
 
         self.cfg = cfg
@@ -109,6 +114,7 @@ class OnlineProducer(Producer):
         self.tokenizer = tokenizer
         self.policy = policy
         self.state_dict_of_policy = state_dict
+        self.weights_of_policy = weights
         self.token_logps = token_logps
         self.run_dir = Path(cfg.run_dir)
         training = cfg.training
@@ -278,8 +284,9 @@ class OnlineProducer(Producer):
             self._rounds.pop(old)
         barrier()  # every rank decides on the same files
         missing = not (self.round_dir(index) / "rollouts.jsonl").exists()
-        if missing and self.cfg.deepspeed.zero_stage == 3:
+        if missing and self.cfg.deepspeed.zero_stage == 3 and self.rollout.generator == "server":
             # ZeRO-3 partitions the weights: gathering them for the generator takes every rank
+            # (the colocated engine, on the one rank, takes them a group at a time instead)
             self._gathered = self.state_dict_of_policy()
         if missing and self.env.is_main:
             self._generate_round(index)
@@ -569,17 +576,23 @@ class OnlineProducer(Producer):
     # ------------------------------------------------------------------ the colocated engine
 
     def _start_colocated(self):
-        """A vLLM engine in this process, built from the current weights (written once to
-        a directory in memory for vLLM to read the model's config and tokenizer with,
-        removed once it is built)."""
+        """A vLLM engine in this process, built from a directory in memory with the model's
+        config and tokenizer (removed once it is built) and the current weights; under
+        ZeRO-3, whose parameters are never whole at once, from vLLM's placeholder weights
+        instead, which the push before the first round replaces."""
         from pt_rollout.engines.vllm import VLLMEngine
+        from pt_train.checkpoint import save_model_config
 
         r = self.rollout
+        sharded = self.cfg.deepspeed.zero_stage == 3
         base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
         start = Path(tempfile.mkdtemp(prefix="pt-colocate-", dir=base))
         try:
             self.tokenizer.save_pretrained(str(start))
-            self._save_current(start)
+            if sharded:
+                save_model_config(self.policy(), start)
+            else:
+                self._save_current(start)
             engine = VLLMEngine(
                 str(start),
                 seed=r.seed,
@@ -588,26 +601,28 @@ class OnlineProducer(Producer):
                 max_logprobs=self._max_logprobs(),
                 logprobs_mode=self.needs.logprobs_mode,
                 in_process=True,
+                load_format="dummy" if sharded else "auto",
             )
         finally:
             shutil.rmtree(start, ignore_errors=True)
-        self._pushed_version = self._version
+        self._pushed_version = None if sharded else self._version
         log.info(
             "colocated vLLM engine in this process: weights pushed in memory from the live "
-            "parameters before each round (no file)"
+            "parameters before each round (no file)%s",
+            ", gathered a layer at a time under ZeRO-3" if sharded else "",
         )
         return engine
 
     def _push_in_memory(self) -> None:
         """The current weights to the colocated engine unless it has them: the policy's
-        state dict (merged under the base model's names for LoRA) handed to vLLM's
-        ``load_weights`` as it is, tensors shared, not copied."""
+        weights (merged under the base model's names for LoRA) handed to vLLM's
+        ``load_weights`` as they are, tensors shared, not copied; under ZeRO-3 made as
+        vLLM asks for them, a group of modules gathered at a time
+        (:func:`pt_train.checkpoint.gathered_weights`)."""
         if self._pushed_version == self._version:
             return
         start = time.perf_counter()
-        state = self.state_dict_of_policy()
-        assert state is not None, "the colocated engine runs on rank 0, which has the weights"
-        self._generator.push_weights(state.items())
+        self._generator.push_weights(self.weights_of_policy())
         self._pushed_version = self._version
         self._push_seconds += time.perf_counter() - start
 
