@@ -66,6 +66,25 @@ def test_an_environment_read_at_import_time_is_a_plain_process():
     assert proc.returncode == 0
 
 
+def test_a_command_draws_for_its_own_terminal(tmp_path):
+    """The terminal's variables are the command's, not the zygote's: its progress bar is
+    as wide as its COLUMNS say, and without colour under NO_COLOR, as a plain process's."""
+    rows = tmp_path / "p.jsonl"
+    rows.write_text('{"id": 1, "completion": "\\\\boxed{2}", "answer": "2"}\n')
+    drawn = {}
+    for columns in ("40", "120"):
+        env = {**os.environ, "COLUMNS": columns, "NO_COLOR": "1", "TERM": "dumb"}
+        proc = subprocess.Popen([BIN / "pt-eval", "grade", rows, "--workers", "1"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert proc._zygote_conn is not None
+        out, err = proc.communicate(timeout=300)
+        forked, plain = both([BIN / "pt-eval", "grade", rows, "--workers", "1"], env=env)
+        assert (proc.returncode, out, err) == (plain.returncode, plain.stdout, plain.stderr)
+        assert forked.stderr == plain.stderr and "\x1b[" not in err
+        drawn[columns] = max(len(line) for line in err.splitlines())
+    assert drawn["40"] <= 40 < drawn["120"] <= 120
+
+
 def test_a_shell_runs_the_forked_command_and_gets_its_status(tmp_path):
     script = "pt-train check missing.yaml; echo status=$?; pt-data --version | tr a-z A-Z"
     forked, plain = both(["bash", "-c", script], cwd=tmp_path)

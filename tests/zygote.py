@@ -59,8 +59,12 @@ PRELOAD = (
 # hub, tokenizers, DeepSpeed, rich/click/typer) can read at import time: a command whose
 # environment differs from the zygote's in one of them runs as a plain process. Any other
 # variable is read at run time, in the forked command, from its own environment.
-IMPORT_TIME_VARIABLES = {"HOME", "LANG", "TERM", "COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR",
-                         "TZ", "JUPYTER_COLUMNS", "JUPYTER_LINES"}  # fmt: skip
+IMPORT_TIME_VARIABLES = {"HOME", "LANG", "FORCE_COLOR", "TZ", "JUPYTER_COLUMNS",
+                         "JUPYTER_LINES", "GITHUB_ACTIONS", "PY_COLORS", "TERMINAL_WIDTH"}  # fmt: skip
+# The terminal's: rich reads them when a Console is made, click and typer when they
+# print; the one Console made at import (pt_core.log's) is made again in a command whose
+# terminal differs from the zygote's.
+TERMINAL_VARIABLES = ("COLUMNS", "LINES", "NO_COLOR", "TERM")
 IMPORT_TIME_PREFIXES = (
     "PYTHON", "TORCH", "PYTORCH", "CUDA", "NVIDIA", "HF_", "HUGGINGFACE", "TRANSFORMERS_",
     "TOKENIZERS_", "SAFETENSORS", "DS_", "DEEPSPEED", "OMP_", "MKL_", "KMP_", "GOMP_",
@@ -141,8 +145,13 @@ def _child(request: dict, fds: list[int], default_threads: int) -> None:
             if fd > 2:
                 os.close(fd)
         os.chdir(request["cwd"])
+        terminal = [os.environ.get(name) for name in TERMINAL_VARIABLES]
         os.environ.clear()
         os.environ.update(request["env"])
+        if terminal != [os.environ.get(name) for name in TERMINAL_VARIABLES]:
+            from pt_core.log import console
+
+            console.__init__(stderr=True)  # as pt_core/log.py makes it, in this terminal
         import random
 
         import numpy as np
@@ -232,9 +241,13 @@ class _Zygote:
             self.proc.kill()
             self.proc.wait()
 
-    def compatible(self, env: dict[str, str]) -> bool:
+    def differing(self, env: dict[str, str]) -> list[str]:
+        """The variables read at import time whose values in ``env`` are not the zygote's."""
         keys = set(env) | set(self.env)
-        return all(_runtime(k) for k in keys if env.get(k) != self.env.get(k))
+        return sorted(k for k in keys if env.get(k) != self.env.get(k) and not _runtime(k))
+
+    def compatible(self, env: dict[str, str]) -> bool:
+        return not self.differing(env)
 
 
 _ZYGOTE = _Zygote()
@@ -245,13 +258,14 @@ def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
               process_group, env) -> list[str] | None:  # fmt: skip
     if (os.environ if env is None else env).get("PT_TEST_FORK", "1") == "0":
         return None
-    if shell or executable or preexec_fn or pass_fds or start_new_session:
-        return None
-    if process_group not in (None, -1):
-        return None
     if isinstance(args, (str, bytes, os.PathLike)):
         return None
     argv = [os.fsdecode(a) for a in args]
+    if shell or executable or preexec_fn or pass_fds or start_new_session:
+        _said_plain(argv, "it needs a shell, an executable, preexec_fn, fds or a session")
+        return None
+    if process_group not in (None, -1):
+        return None
     if argv and os.path.basename(argv[0]) in SHELLS:
         _ZYGOTE.ensure()  # for the commands the script runs (client)
     if not argv or os.path.basename(argv[0]) not in FORKED_SCRIPTS:
@@ -262,9 +276,21 @@ def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
     bindir = os.path.dirname(sys.executable)
     if os.path.realpath(os.path.dirname(script)) != os.path.realpath(bindir):
         return None
-    if not _ZYGOTE.compatible(dict(os.environ if env is None else env)):
+    differ = _ZYGOTE.differing(dict(os.environ if env is None else env))
+    if differ:
+        _said_plain(argv, f"its environment sets {', '.join(differ)} otherwise")
         return None
     return argv
+
+
+def _said_plain(argv: list[str], why: str) -> None:
+    """With ``PT_TEST_FORK_LOG=FILE``, one line per pt command run as a plain process,
+    saying why, to find the tests that pay for a fresh interpreter."""
+    path = os.environ.get("PT_TEST_FORK_LOG")
+    name = os.path.basename(argv[0]) if argv else ""
+    if path and (name in FORKED_SCRIPTS or name.startswith("python")):
+        with open(path, "a") as f:
+            f.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '-')}\t{why}\t{' '.join(argv)}\n")
 
 
 class ForkedPopen(_PLAIN_POPEN):
@@ -392,6 +418,9 @@ def client(script: str) -> None:
     except (OSError, ValueError):
         conn = None
     if conn is None:
+        differ = _ZYGOTE.differing(env) if _ZYGOTE.env else []
+        _said_plain(argv, f"its environment sets {', '.join(differ)} otherwise" if differ
+                    else "no zygote answered")  # fmt: skip
         os.execv(script, argv)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                 signal.SIGUSR1, signal.SIGUSR2):  # fmt: skip
