@@ -85,6 +85,26 @@ def test_a_command_draws_for_its_own_terminal(tmp_path):
     assert drawn["40"] <= 40 < drawn["120"] <= 120
 
 
+def test_the_pt_commands_a_forked_command_starts_are_forked_too(tmp_path):
+    """``pt-slurm submit`` checks the config with the job's ``pt-train check``: under a
+    forked pt-slurm that is a fork too, and the script rendered is the plain process's."""
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        f"run_name: r\noutput_dir: {tmp_path / 'runs'}\n"
+        "model: {name_or_path: some/model}\ntraining: {max_steps: 4, global_batch_size: 8}\n"
+        "slurm: {partition: cpu, nodes: 1, gpus_per_node: 0, procs_per_node: 2}\n"
+    )
+    said = tmp_path / "said.tsv"
+    env = {**os.environ, "PT_TEST_FORK_LOG": str(said)}
+    forked, plain = both([BIN / "pt-slurm", "submit", config, "--dry-run"], env=env)
+    assert forked.returncode == plain.returncode == 0, forked.stderr
+    assert forked.stdout == plain.stdout and "#SBATCH" in forked.stdout
+    assert forked.stderr == plain.stderr and "by " in forked.stderr  # "checked ... by TOOL check"
+    how = [line.split("\t")[1:] for line in said.read_text().splitlines()]
+    assert ["forked", f"{BIN / 'pt-slurm'} submit {config} --dry-run"] in how
+    assert ["forked", f"{BIN / 'pt-train'} check"] in [[h, " ".join(c.split()[:2])] for h, c in how]
+
+
 def test_a_shell_runs_the_forked_command_and_gets_its_status(tmp_path):
     script = "pt-train check missing.yaml; echo status=$?; pt-data --version | tr a-z A-Z"
     forked, plain = both(["bash", "-c", script], cwd=tmp_path)

@@ -3,7 +3,8 @@
 A ``pt-train`` process spends most of a test's second or two importing torch,
 transformers and DeepSpeed; the suite starts a few hundred of them. This module keeps one
 process per test worker (the zygote) that has imported those modules, and runs each
-``pt``/``pt-train``/``pt-rollout``/``pt-data``/``pt-eval`` command the tests start as a fork of it: the
+``pt``/``pt-train``/``pt-rollout``/``pt-data``/``pt-eval``/``pt-slurm`` command the tests start (and
+each such command that one of them starts) as a fork of it: the
 console script itself (``runpy`` of the file in the virtual environment's ``bin``, as
 ``__main__``), with the command's arguments, environment, working directory and standard
 streams, ending the way an interpreter ends (non-daemon threads joined, ``atexit``
@@ -36,7 +37,7 @@ import threading
 
 SOCKET_VARIABLE = "PT_TEST_ZYGOTE"
 # The console scripts a test's command may be forked for (they import torch).
-FORKED_SCRIPTS = ("pt-train", "pt-rollout", "pt-data", "pt-eval", "pt")
+FORKED_SCRIPTS = ("pt-train", "pt-rollout", "pt-data", "pt-eval", "pt", "pt-slurm")
 SHELLS = ("bash", "sh")
 # What the zygote imports: what those commands import before they do their work.
 PRELOAD = (
@@ -146,6 +147,9 @@ def _child(request: dict, fds: list[int], default_threads: int) -> None:
                 os.close(fd)
         os.chdir(request["cwd"])
         terminal = [os.environ.get(name) for name in TERMINAL_VARIABLES]
+        # the pt commands this one starts (pt-slurm's pt-train check) are forks too
+        _ZYGOTE.attach(os.environ[SOCKET_VARIABLE], dict(os.environ))
+        subprocess.Popen = ForkedPopen  # type: ignore[misc]
         os.environ.clear()
         os.environ.update(request["env"])
         if terminal != [os.environ.get(name) for name in TERMINAL_VARIABLES]:
@@ -211,11 +215,17 @@ class _Zygote:
         self.path = ""
         self.env: dict[str, str] = {}
         self.failed = False
+        self.attached = False
         self.lock = threading.Lock()
+
+    def attach(self, path: str, env: dict[str, str]) -> None:
+        """In a forked command: the zygote it was forked from, at ``path``, forks its
+        commands too (a new zygote is not started)."""
+        self.path, self.env, self.attached = path, env, True
 
     def ensure(self) -> bool:
         with self.lock:
-            if self.proc is not None and self.proc.poll() is None:
+            if self.attached or (self.proc is not None and self.proc.poll() is None):
                 return True
             if self.failed or not self.path:
                 return False
@@ -262,7 +272,7 @@ def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
         return None
     argv = [os.fsdecode(a) for a in args]
     if shell or executable or preexec_fn or pass_fds or start_new_session:
-        _said_plain(argv, "it needs a shell, an executable, preexec_fn, fds or a session")
+        _said(argv, "plain: it needs a shell, an executable, preexec_fn, fds or a session", env)
         return None
     if process_group not in (None, -1):
         return None
@@ -278,19 +288,19 @@ def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
         return None
     differ = _ZYGOTE.differing(dict(os.environ if env is None else env))
     if differ:
-        _said_plain(argv, f"its environment sets {', '.join(differ)} otherwise")
+        _said(argv, f"plain: its environment sets {', '.join(differ)} otherwise", env)
         return None
     return argv
 
 
-def _said_plain(argv: list[str], why: str) -> None:
-    """With ``PT_TEST_FORK_LOG=FILE``, one line per pt command run as a plain process,
-    saying why, to find the tests that pay for a fresh interpreter."""
-    path = os.environ.get("PT_TEST_FORK_LOG")
+def _said(argv: list[str], how: str, env: dict[str, str] | None = None) -> None:
+    """With ``PT_TEST_FORK_LOG=FILE``, one line per pt command: forked, or run as a plain
+    process and why (to find the tests that pay for a fresh interpreter)."""
+    path = (os.environ if env is None else env).get("PT_TEST_FORK_LOG")
     name = os.path.basename(argv[0]) if argv else ""
     if path and (name in FORKED_SCRIPTS or name.startswith("python")):
         with open(path, "a") as f:
-            f.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '-')}\t{why}\t{' '.join(argv)}\n")
+            f.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '-')}\t{how}\t{' '.join(argv)}\n")
 
 
 class ForkedPopen(_PLAIN_POPEN):
@@ -323,6 +333,7 @@ class ForkedPopen(_PLAIN_POPEN):
             except OSError:
                 conn.close()
             else:
+                _said(argv, "forked", request["env"])
                 self._zygote_conn = conn
                 self._child_created = True
                 self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
@@ -415,11 +426,12 @@ def client(script: str) -> None:
             request = {"argv": argv, "env": env, "cwd": os.getcwd()}
             socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
             pid = int(conn.recv(64))
+            _said(argv, "forked")
     except (OSError, ValueError):
         conn = None
     if conn is None:
         differ = _ZYGOTE.differing(env) if _ZYGOTE.env else []
-        _said_plain(argv, f"its environment sets {', '.join(differ)} otherwise" if differ
+        _said(argv, f"plain: its environment sets {', '.join(differ)} otherwise" if differ
                     else "no zygote answered")  # fmt: skip
         os.execv(script, argv)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
