@@ -170,17 +170,23 @@ def hf_logprobs(model, rows: list[dict]) -> list[torch.Tensor]:
     return out
 
 
+def assert_round_1_is_the_trained_weights(world: Path, run_dir: Path) -> None:
+    """Round 1's greedy completions are the HF engine's on the step-1 checkpoint, and not
+    those of the starting weights (so a push that did not happen would be seen)."""
+    rows = round_rows(run_dir, 1)
+    assert {row["weight_version"] for row in rows} == {1}
+    completions = [row["completion_token_ids"] for row in rows]
+    assert completions == hf_greedy(str(run_dir / "inference" / "step-1"), rows)
+    assert completions != hf_greedy(str(world / "student"), rows)
+
+
 @pytest.mark.vllm
 def test_after_a_push_the_colocated_engine_generates_what_hf_does_on_the_trained_weights(world):
     """Round 1 is generated after the first update was pushed from the live parameters:
     its greedy completions are the HF engine's on the step-1 checkpoint, and not those of
     the starting weights (so a push that did not happen would be seen)."""
     run_dir, stderr = colocated_run(world, "untied", "student")
-    rows = round_rows(run_dir, 1)
-    assert {row["weight_version"] for row in rows} == {1}
-    completions = [row["completion_token_ids"] for row in rows]
-    assert completions == hf_greedy(str(run_dir / "inference" / "step-1"), rows)
-    assert completions != hf_greedy(str(world / "student"), rows)
+    assert_round_1_is_the_trained_weights(world, run_dir)
     # round 0 came with the engine's start, round 1 with a push, timed
     metrics = read_metrics(run_dir)
     assert metrics[0]["weight_push_s"] == 0 and metrics[1]["weight_push_s"] > 0
@@ -200,11 +206,7 @@ def test_under_zero3_the_colocated_engine_generates_what_hf_does_on_the_trained_
     assert [row["completion_token_ids"] for row in start] == hf_greedy(
         str(world / "student"), start
     )
-    rows = round_rows(run_dir, 1)
-    assert {row["weight_version"] for row in rows} == {1}
-    completions = [row["completion_token_ids"] for row in rows]
-    assert completions == hf_greedy(str(run_dir / "inference" / "step-1"), rows)
-    assert completions != hf_greedy(str(world / "student"), rows)
+    assert_round_1_is_the_trained_weights(world, run_dir)
     metrics = read_metrics(run_dir)
     assert metrics[0]["weight_push_s"] > 0 and metrics[1]["weight_push_s"] > 0
     assert "gathered a layer at a time under ZeRO-3" in " ".join(stderr.split())
