@@ -256,9 +256,6 @@ class _Zygote:
         keys = set(env) | set(self.env)
         return sorted(k for k in keys if env.get(k) != self.env.get(k) and not _runtime(k))
 
-    def compatible(self, env: dict[str, str]) -> bool:
-        return not self.differing(env)
-
 
 _ZYGOTE = _Zygote()
 _PLAIN_POPEN = subprocess.Popen
@@ -288,9 +285,13 @@ def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
         return None
     differ = _ZYGOTE.differing(dict(os.environ if env is None else env))
     if differ:
-        _said(argv, f"plain: its environment sets {', '.join(differ)} otherwise", env)
+        _said(argv, _differs(differ), env)
         return None
     return argv
+
+
+def _differs(variables: list[str]) -> str:
+    return f"plain: its environment sets {', '.join(variables)} otherwise"
 
 
 def _said(argv: list[str], how: str, env: dict[str, str] | None = None) -> None:
@@ -417,10 +418,12 @@ def client(script: str) -> None:
     path = os.environ.get(SOCKET_VARIABLE, "")
     env = dict(os.environ)
     conn = None
+    differ: list[str] = []
     try:
         with open(path + ".env") as f:
             _ZYGOTE.env = json.load(f)
-        if os.environ.get("PT_TEST_FORK", "1") != "0" and _ZYGOTE.compatible(env):
+        differ = _ZYGOTE.differing(env)
+        if os.environ.get("PT_TEST_FORK", "1") != "0" and not differ:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             conn.connect(path)
             request = {"argv": argv, "env": env, "cwd": os.getcwd()}
@@ -430,9 +433,7 @@ def client(script: str) -> None:
     except (OSError, ValueError):
         conn = None
     if conn is None:
-        differ = _ZYGOTE.differing(env) if _ZYGOTE.env else []
-        _said(argv, f"plain: its environment sets {', '.join(differ)} otherwise" if differ
-                    else "no zygote answered")  # fmt: skip
+        _said(argv, _differs(differ) if differ else "plain: forking is off or no zygote answered")
         os.execv(script, argv)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                 signal.SIGUSR1, signal.SIGUSR2):  # fmt: skip
