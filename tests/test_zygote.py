@@ -157,3 +157,28 @@ def test_a_signal_ends_the_forked_command_as_it_ends_a_plain_one():
         _, err = proc.communicate(timeout=300)
         ends[name] = (proc.returncode, err)
     assert ends["forked"] == ends["shell"] == ends["plain"], ends
+
+
+@pytest.mark.parametrize("sigint", ["taken", "ignored"])
+def test_ctrl_c_reaches_the_forked_command_as_it_reaches_a_plain_one(sigint):
+    """SIGINT to a command blocked on reading its config from stdin, started by a process
+    that takes Ctrl-C (a terminal's) or ignores it (a background job, whose children
+    inherit that): forked and plain end alike, whichever disposition the zygote has."""
+    handler = signal.default_int_handler if sigint == "taken" else signal.SIG_IGN
+    ends = {}
+    for name, env in [("forked", os.environ), ("plain", {**os.environ, "PT_TEST_FORK": "0"})]:
+        old = signal.signal(signal.SIGINT, handler)
+        try:
+            proc = subprocess.Popen(
+                [BIN / "pt-train", "run", "/dev/stdin"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+            )  # fmt: skip
+        finally:
+            signal.signal(signal.SIGINT, old)
+        wait_reading_stdin(lambda p=proc: [p.pid])
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1)  # an ignored Ctrl-C leaves it reading; the empty config then ends it
+        _, err = proc.communicate(input="", timeout=300)
+        ends[name] = (proc.returncode, err)
+    assert ends["forked"] == ends["plain"], ends
+    assert ends["plain"][0] == (130 if sigint == "taken" else 2), ends

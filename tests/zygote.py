@@ -168,6 +168,11 @@ def _child(request: dict, fds: list[int], default_threads: int) -> None:
         np.random.seed()
         tempfile.tempdir = None
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # Ctrl-C as the interpreter the command stands for would take it: ignored where
+        # the process that started it ignores SIGINT (a background job), else
+        # KeyboardInterrupt; not the zygote's, which is that of the first command's test.
+        signal.signal(signal.SIGINT, signal.SIG_IGN if request.get("sigint_ignored")
+                      else signal.default_int_handler)  # fmt: skip
         script = request["argv"][0]
         sys.argv = list(request["argv"])
         import runpy
@@ -325,6 +330,7 @@ class ForkedPopen(_PLAIN_POPEN):
                 "argv": argv,
                 "env": dict(os.environ if env is None else env),
                 "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
+                "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
             }
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
@@ -426,7 +432,8 @@ def client(script: str) -> None:
         if os.environ.get("PT_TEST_FORK", "1") != "0" and not differ:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             conn.connect(path)
-            request = {"argv": argv, "env": env, "cwd": os.getcwd()}
+            request = {"argv": argv, "env": env, "cwd": os.getcwd(),
+                       "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}
             socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
             pid = int(conn.recv(64))
             _said(argv, "forked")
