@@ -225,3 +225,19 @@ def pytest_collection_modifyitems(config, items):
         if group is None:
             group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under ``--dist loadgroup`` every test here is in a group (see above), and xdist
+    keeps a group on one worker by the ``@group`` it appends to the test's id. With a
+    pytest whose ids xdist cannot rename, no id has it and every group would be split
+    test by test across the workers (each module-scoped fixture built on both, two SLURM
+    clusters): stop instead."""
+    if node.config.getvalue("dist") == "loadgroup" and ids and not any("@" in i for i in ids):
+        pytest.exit(
+            f"pytest-xdist did not group the tests (first: {ids[0]}): pytest "
+            f"{pytest.__version__} and this pytest-xdist do not work together; use the "
+            "versions in uv.lock (uv sync --all-packages --locked)",
+            returncode=3,
+        )
