@@ -112,10 +112,11 @@ def test_the_quickstart_scripts_pass_shellcheck():
     )
 
 
-LONGER = [("grpo-longer.sh", "PT_GRPO_STEPS", "abc"), ("opd-longer.sh", "PT_OPD_STEPS", "0")]
+LONGER = [("grpo-longer.sh", "PT_GRPO_STEPS", "abc"), ("opd-longer.sh", "PT_OPD_STEPS", "0"),
+          ("opd-longer.sh", "PT_OPD_PROBLEMS", "-8")]  # fmt: skip
 
 
-@pytest.mark.parametrize(("script", "variable", "bad"), LONGER, ids=[s for s, *_ in LONGER])
+@pytest.mark.parametrize(("script", "variable", "bad"), LONGER[:2], ids=[s for s, *_ in LONGER[:2]])
 def test_a_longer_script_without_a_quickstart_output_says_what_to_run(
     tmp_path, script, variable, bad
 ):
@@ -128,7 +129,7 @@ def test_a_longer_script_without_a_quickstart_output_says_what_to_run(
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize(("script", "variable", "bad"), LONGER, ids=[s for s, *_ in LONGER])
+@pytest.mark.parametrize(("script", "variable", "bad"), LONGER, ids=[v for _, v, _ in LONGER])
 def test_a_longer_script_names_a_bad_step_count_before_it_writes(tmp_path, script, variable, bad):
     proc = subprocess.run(
         ["bash", str(EXAMPLES / "quickstart" / script)],
@@ -136,14 +137,15 @@ def test_a_longer_script_names_a_bad_step_count_before_it_writes(tmp_path, scrip
         env={**os.environ, variable: bad},
     )  # fmt: skip
     assert proc.returncode == 2
-    assert proc.stderr.splitlines()[0] == f"error: {variable}={bad} is not a number of steps"
+    what = "problems" if variable == "PT_OPD_PROBLEMS" else "steps"
+    assert proc.stderr.splitlines()[0] == f"error: {variable}={bad} is not a number of {what}"
     assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.slow
 def test_opd_longer_runs_both_distillations_and_draws_their_curves(quickstart_out, tmp_path):
     """opd-longer.sh on a copy of the session's small quickstart output (its SFT run's
-    step 2 as the student, step 4 as the teacher), for 2 steps: OPD and SFT on the
+    step 2 as the student, step 4 as the teacher), for 2 steps of 8 problems: OPD and SFT on the
     teacher's samples each write checkpoints, every one is graded, and the curve of
     accuracy against the student tokens trained on is drawn from the runs' own counts."""
     out, env = quickstart_out
@@ -162,7 +164,8 @@ def test_opd_longer_runs_both_distillations_and_draws_their_curves(quickstart_ou
     proc = sh(
         f"bash {EXAMPLES}/quickstart/opd-longer.sh",
         tmp_path,  # the script's quickstart-out/ is in the directory it runs from
-        {**env, "PT_OPD_STEPS": "2", "PT_OPD_STUDENT": "runs/sft/inference/step-2",
+        {**env, "PT_OPD_STEPS": "2", "PT_OPD_PROBLEMS": "8",
+         "PT_OPD_STUDENT": "runs/sft/inference/step-2",
          "PT_OPD_TEACHER": "runs/sft/inference/step-4"},
     )  # fmt: skip
     result = json.loads((work / "opd-longer.json").read_text())
@@ -174,9 +177,9 @@ def test_opd_longer_runs_both_distillations_and_draws_their_curves(quickstart_ou
         metrics = [json.loads(line) for line in lines]
         assert points[-1]["tokens"] == metrics[-1]["trained_tokens"] > 0
         assert [p["tokens"] for p in points] == sorted({p["tokens"] for p in points})
-    # the teacher sampled two answers to each of 2 x 64 / 2 problems: OPD's sample count
+    # the teacher sampled two answers to each of 2 x 8 / 2 problems: OPD's sample count
     samples = (work / "rollouts" / "teacher-samples.jsonl").read_text().splitlines()
-    assert len(samples) == 2 * 64
+    assert len(samples) == 2 * 8
     assert (work / "opd-longer.png").stat().st_size > 10_000
     assert "OPD ends at" in proc.stdout and "Traceback" not in proc.stderr
 

@@ -6,8 +6,8 @@
 #   bash examples/quickstart/opd-longer.sh          # 150 steps; PT_OPD_STEPS=N for others
 #
 # 1. OPD from the warm start (opd.yaml: forward KL over the teacher's top 8 and the tail)
-#    with 64 problems a step and a cosine schedule down to a tenth, an HF checkpoint
-#    every fifth of the run;
+#    with 64 problems a step (PT_OPD_PROBLEMS=N for others) and a cosine schedule down
+#    to a tenth, an HF checkpoint every fifth of the run;
 # 2. the teacher samples two answers to each of as many problems (temperature 1.0, as
 #    OPD's student samples), pt-data builds them into packed SFT rows (offpolicy-data.yaml),
 #    and SFT from the warm start trains one epoch of them at OPD's learning rate and
@@ -25,7 +25,7 @@ OUT=${PT_QUICKSTART_OUT:-$PWD/quickstart-out}
 STEPS=${PT_OPD_STEPS:-150}
 STUDENT=${PT_OPD_STUDENT:-runs/sft/inference/step-120}
 TEACHER=${PT_OPD_TEACHER:-runs/sft/inference/step-235}
-BATCH=64  # problems a step
+BATCH=${PT_OPD_PROBLEMS:-64}  # problems a step
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} TOKENIZERS_PARALLELISM=false
 export PATH="$REPO/.venv/bin:$PATH"
@@ -33,6 +33,11 @@ export PATH="$REPO/.venv/bin:$PATH"
 if [[ ! "$STEPS" =~ ^[1-9][0-9]*$ ]]; then
     echo "error: PT_OPD_STEPS=$STEPS is not a number of steps" >&2
     echo "hint: a whole number above 0, e.g. PT_OPD_STEPS=150" >&2
+    exit 2
+fi
+if [[ ! "$BATCH" =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: PT_OPD_PROBLEMS=$BATCH is not a number of problems" >&2
+    echo "hint: a whole number above 0, e.g. PT_OPD_PROBLEMS=64" >&2
     exit 2
 fi
 for needed in manifest-sft.json grades-sft.json grades-base.json data/train-prompts \
@@ -55,8 +60,8 @@ rm -rf runs/opd-longer runs/offpolicy-longer data/offpolicy rollouts/teacher-sam
     grades/offpolicy-longer-* rollouts/opd-longer-* rollouts/offpolicy-longer-*
 echo "1/3 OPD, $STEPS steps of $BATCH problems" >&2
 pt-train run "$HERE/opd.yaml" run_name=opd-longer model.name_or_path="$STUDENT" \
-    objective.teacher.path="$TEACHER" training.global_batch_size=$BATCH \
-    training.micro_batch_size=32 training.lr_schedule=cosine training.min_lr_ratio=0.1 \
+    objective.teacher.path="$TEACHER" training.global_batch_size="$BATCH" \
+    training.micro_batch_size=$(( BATCH < 32 ? BATCH : 32 )) training.lr_schedule=cosine training.min_lr_ratio=0.1 \
     training.max_steps="$STEPS" training.inference_steps=$every > manifest-opd-longer.json.tmp
 mv manifest-opd-longer.json.tmp manifest-opd-longer.json
 opd_seconds=$(( $(date +%s) - started ))
