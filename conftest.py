@@ -208,7 +208,6 @@ def commands_take_ctrl_c():
 # use them run on one pytest-xdist worker (a second SLURM cluster on the same ports would
 # not start; a second quickstart build would cost minutes).
 SHARED_FIXTURE_GROUPS = {"slurm_cluster": "slurm", "quickstart_out": "quickstart"}
-LONGEST_GROUPS = ("vllm", "slurm", "quickstart")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -218,9 +217,6 @@ def pytest_collection_modifyitems(config, items):
     vLLM side environment (one vLLM engine at a time fits in memory beside the rest), and
     otherwise its module, so that a module-scoped fixture is built once. Runs before
     xdist's own hook, which reads the mark."""
-    from collections import Counter
-
-    groups: dict = {}
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         group = next((g for f, g in SHARED_FIXTURE_GROUPS.items() if f in names), None)
@@ -229,21 +225,7 @@ def pytest_collection_modifyitems(config, items):
         if group is None:
             group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(group))
-        groups[item] = group
-    # The order the groups are handed to the workers in (pyproject.toml turns off xdist's
-    # own, by number of tests): the longest first, so that the last groups to start are
-    # short ones and no worker is left alone with a long one at the end. The shared groups
-    # take longest (2026-12-03, one worker each: vllm 7 min, slurm 6, quickstart 2); the
-    # rest go by their number of slow tests, then in collection order.
-    slow = Counter(g for item, g in groups.items() if item.get_closest_marker("slow"))
-    first = {g: i for i, g in reversed(list(enumerate(groups.values())))}
 
-    def rank(group: str) -> tuple:
-        if group in LONGEST_GROUPS:
-            return (0, LONGEST_GROUPS.index(group))
-        return (1, -slow[group], first[group])
-
-    items.sort(key=lambda item: rank(groups[item]))
 
 
 def pytest_xdist_node_collection_finished(node, ids):

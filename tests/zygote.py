@@ -432,12 +432,8 @@ def client(script: str) -> None:
         if os.environ.get("PT_TEST_FORK", "1") != "0" and not differ:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             conn.connect(path)
-            request = {
-                "argv": argv,
-                "env": env,
-                "cwd": os.getcwd(),
-                "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
-            }
+            request = {"argv": argv, "env": env, "cwd": os.getcwd(),
+                       "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}
             socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
             pid = int(conn.recv(64))
             _said(argv, "forked")
