@@ -227,7 +227,6 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(group))
 
 
-
 def pytest_xdist_node_collection_finished(node, ids):
     """Under ``--dist loadgroup`` every test here is in a group (see above), and xdist
     keeps a group on one worker by the ``@group`` it appends to the test's id. With a

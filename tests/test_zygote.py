@@ -182,3 +182,32 @@ def test_ctrl_c_reaches_the_forked_command_as_it_reaches_a_plain_one(sigint):
         ends[name] = (proc.returncode, err)
     assert ends["forked"] == ends["plain"], ends
     assert ends["plain"][0] == (130 if sigint == "taken" else 2), ends
+
+
+def test_a_command_dropped_before_it_ended_leaves_later_ones_working():
+    """A test that fails on a timeout drops its Popen with the command still running; the
+    garbage collector finalises it (here in a reference cycle, as a traceback's frames
+    hold it) and subprocess keeps it to poll at every later start. Those starts work, and
+    its status is still read when it ends."""
+    import gc
+
+    proc = subprocess.Popen(
+        [BIN / "pt-train", "run", "/dev/stdin"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    wait_reading_stdin(lambda p=proc: [p.pid])
+    pid = proc.pid
+    proc.cycle = proc  # type: ignore[attr-defined]
+    del proc
+    gc.collect()  # closes its pipes: the command reads an empty config and ends
+    kept = [p for p in subprocess._active if p.pid == pid]  # type: ignore[attr-defined]
+    assert kept, "subprocess did not keep the unfinished command"
+    deadline = time.monotonic() + 120
+    while kept[0].poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    # its own status (not one made up for a lost one): an empty config's error, written
+    # (2) or meeting the closed stderr (1)
+    assert kept[0].returncode in (1, 2)
+    done = subprocess.run([BIN / "pt-data", "--version"], capture_output=True, timeout=300)
+    assert done.returncode == 0

@@ -309,6 +309,13 @@ def _said(argv: list[str], how: str, env: dict[str, str] | None = None) -> None:
             f.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '-')}\t{how}\t{' '.join(argv)}\n")
 
 
+# The sockets that will carry a forked command's exit status, held here until it is read:
+# a Popen dropped before its command ended (a test that failed on a timeout) is kept by
+# subprocess for a later poll, and the garbage collector would otherwise close its
+# socket first, losing the status.
+_UNREAD: set[socket.socket] = set()
+
+
 class ForkedPopen(_PLAIN_POPEN):
     """``subprocess.Popen`` that runs a pt console script as a fork of the zygote when it
     can (see the module's docstring), and everything else as a plain process."""
@@ -342,6 +349,7 @@ class ForkedPopen(_PLAIN_POPEN):
             else:
                 _said(argv, "forked", request["env"])
                 self._zygote_conn = conn
+                _UNREAD.add(conn)
                 self._child_created = True
                 self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
                 return
@@ -353,10 +361,14 @@ class ForkedPopen(_PLAIN_POPEN):
     def _zygote_status(self, block: bool) -> int | None:
         conn = self._zygote_conn
         assert conn is not None
+        if conn.fileno() < 0:
+            # read already, or closed: as waitpid(2) of a child reaped elsewhere (ECHILD)
+            raise ChildProcessError(f"the status of {self.pid} is gone")
         if not block and not select.select([conn], [], [], 0)[0]:
             return None
         message = conn.recv(64)
         conn.close()
+        _UNREAD.discard(conn)
         return int(message) if message else 0
 
     def _internal_poll(self, _deadstate=None, **kwargs):
@@ -378,7 +390,10 @@ class ForkedPopen(_PLAIN_POPEN):
     def _try_wait(self, wait_flags):
         if self._zygote_conn is None:
             return super()._try_wait(wait_flags)
-        status = self._zygote_status(block=not (wait_flags & os.WNOHANG))
+        try:
+            status = self._zygote_status(block=not (wait_flags & os.WNOHANG))
+        except ChildProcessError:
+            return (self.pid, 0)  # as Popen takes ECHILD
         return (0, 0) if status is None else (self.pid, status)
 
 
@@ -432,8 +447,12 @@ def client(script: str) -> None:
         if os.environ.get("PT_TEST_FORK", "1") != "0" and not differ:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             conn.connect(path)
-            request = {"argv": argv, "env": env, "cwd": os.getcwd(),
-                       "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}
+            request = {
+                "argv": argv,
+                "env": env,
+                "cwd": os.getcwd(),
+                "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+            }
             socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
             pid = int(conn.recv(64))
             _said(argv, "forked")
