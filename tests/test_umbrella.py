@@ -35,10 +35,14 @@ def test_completion_reaches_the_tools_verbs_and_options():
     assert complete("pt train r") == ["run"]
     assert "--model" in complete("pt rollout generate --mo")
     assert {"build", "inspect", "stats", "pairs"} <= set(complete("pt data "))
+    # --show-completion writes the script of the shell it runs under, found among its
+    # parent processes: run it from bash, as a user does (`; true` keeps bash from
+    # replacing itself with the command, which would leave the test process as its parent)
     script = subprocess.run(
-        [BIN / "pt", "--show-completion", "bash"], capture_output=True, text=True, env=ENV
-    )
-    assert "_PT_COMPLETE=complete_bash" in script.stdout
+        ["bash", "-c", f"'{BIN / 'pt'}' --show-completion; true"],
+        capture_output=True, text=True, env=ENV,
+    )  # fmt: skip
+    assert "_PT_COMPLETE=complete_bash" in script.stdout, script.stderr
 
 
 @pytest.fixture(scope="module")
