@@ -115,6 +115,30 @@ def llama3_model_dir(tmp_path_factory, qwen_tokenizer):
     return out
 
 
+def _mixed_cache_logprobs(first, second, prompt: list[int], tokens: list[int], switch: int):
+    """The log-distributions that sample ``tokens`` after ``prompt`` when HF model ``first``
+    samples the first ``switch`` tokens and ``second`` the rest, the KV cache of the tokens
+    before the switch kept from ``first``: what a generation whose weights change between
+    two of its steps computes (vLLM keeps the running requests' cache)."""
+    import torch
+
+    with torch.no_grad():
+        out = first(torch.tensor([prompt + tokens[: switch - 1]]), use_cache=True)
+        rows = list(torch.log_softmax(out.logits[0, len(prompt) - 1 :].float(), -1))
+        cache = out.past_key_values
+        for token in tokens[switch - 1 : -1]:
+            out = second(torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            rows.append(torch.log_softmax(out.logits[0, -1].float(), -1))
+    return torch.stack(rows)
+
+
+@pytest.fixture(scope="session")
+def mixed_cache_logprobs():
+    """:func:`_mixed_cache_logprobs`, the reference of in-flight weight updates."""
+    return _mixed_cache_logprobs
+
+
 def run_cli(*args, input=None, env=None, check=True, cwd=None, timeout=600):
     """Run a console script of this workspace as a user would, in a subprocess."""
     import subprocess

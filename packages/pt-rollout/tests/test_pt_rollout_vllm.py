@@ -260,5 +260,28 @@ def test_vllm_load_weights_computes_with_every_new_weight(vllm_results, reload_c
     assert not failures, "; ".join(failures)
 
 
+def test_vllm_weights_loaded_between_two_steps_reach_the_running_requests(
+    vllm_results, reload_cases, mixed_cache_logprobs
+):
+    # An in-flight update on real shapes: greedy generation from the pushed weights, the
+    # model's own loaded after the third step. Each completion's first three tokens carry
+    # version 1, the rest version 2, and every token's log-prob is that of the HF models
+    # given the same tokens, the cache of the tokens before the switch kept from the pushed
+    # model (tied Qwen2: the head follows the embedding mid-generation too).
+    from transformers import AutoModelForCausalLM
+
+    models, pushed = reload_cases["models"], reload_cases["pushed"]
+    for name, result in zip(models, vllm_results["reload"], strict=True):
+        first = AutoModelForCausalLM.from_pretrained(str(pushed[name]), dtype=torch.float32)
+        second = AutoModelForCausalLM.from_pretrained(str(models[name]), dtype=torch.float32)
+        for prompt, c in zip(reload_cases["prompts"], result["in_flight"], strict=True):
+            assert len(c["token_ids"]) > 3, name
+            assert c["token_versions"] == [1] * 3 + [2] * (len(c["token_ids"]) - 3), name
+            logps = mixed_cache_logprobs(first.eval(), second.eval(), prompt, c["token_ids"], 3)
+            sampled = logps.gather(1, torch.tensor(c["token_ids"])[:, None])[:, 0]
+            gap = (sampled - torch.tensor(c["logprobs"])).abs().max().item()
+            assert gap <= 1e-4, f"{name}: {gap:.2e} from the mixed-cache log-probs"
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -12,8 +12,10 @@ CASES.json:
 - ``reload``: {"cases": [{"model": dir, "new_weights": dir}, ...], "prompts", "completions",
   "top_k"}: for each case, an engine on the model's weights scores the completions, loads
   the new weights in place (``VLLMEngine.load_weights``, as the online loop pushes them)
-  and scores them again. One engine per model (an engine's architecture is fixed), one
-  after the other.
+  and scores them again; then generates greedily from the new weights and loads the
+  model's own weights again after the generation's third step (an in-flight update, the
+  engine built with ``in_flight=True``). One engine per model (an engine's architecture is
+  fixed), one after the other.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ def reload_checks(cases: dict) -> list[dict]:
     prompts, completions, top_k = cases["prompts"], cases["completions"], cases["top_k"]
     results = []
     for case in cases["cases"]:
-        engine = VLLMEngine(case["model"], dtype="float32", seed=0, gpu_memory_utilization=0.05)
+        engine = VLLMEngine(
+            case["model"], dtype="float32", seed=0, gpu_memory_utilization=0.05, in_flight=True
+        )
         # A generation first, so the prefix cache holds the old weights' KV of the prompts.
         engine.generate([Request(p) for p in prompts], SamplingParams(temperature=0, max_tokens=4))
         before = engine.score(prompts, completions, top_k=top_k)
@@ -65,12 +69,28 @@ def reload_checks(cases: dict) -> list[dict]:
         engine.load_weights(case["new_weights"])
         load_s = time.perf_counter() - start
         after = engine.score(prompts, completions, top_k=top_k)
+        steps = []
+
+        def back_to_the_model(case=case, engine=engine, steps=steps):
+            steps.append(1)
+            if len(steps) == 3:
+                engine.load_weights(case["model"])
+                return 2
+            return None
+
+        in_flight = engine.generate(
+            [Request(p) for p in prompts],
+            SamplingParams(temperature=0, max_tokens=8, logprobs=True),
+            between_steps=back_to_the_model,
+            version=1,
+        )
         engine.close()
         results.append(
             {
                 "before": [asdict(s) for s in before],
                 "after": [asdict(s) for s in after],
                 "load_s": load_s,
+                "in_flight": [asdict(c) for c in in_flight],
             }
         )
     return results

@@ -178,6 +178,35 @@ def test_async_never_trains_on_samples_older_than_the_bound(world):
     assert all(m["staleness_min"] >= 0 for m in metrics)
 
 
+@pytest.mark.vllm
+def test_async_with_in_flight_updates_records_each_tokens_weights(world):
+    """async within 2 updates, a vLLM generator process with in-flight updates: the weights
+    pushed at each round start reach the rounds being generated. Every sample records the
+    version of each token, never newer than the weights its round trains from and never
+    going back; its weight_version (and so its staleness) is its first token's; and the
+    per-token metrics equal counts by hand over the rows of each step."""
+    require_vllm_python()
+    metrics = run(
+        world, "in-flight", steps=4, generator="server", engine="vllm", python=str(VLLM_PYTHON),
+        schedule="async", max_staleness=2, stale="keep", in_flight=True, max_tokens=24,
+    )  # fmt: skip
+    made = rounds(world, "in-flight")
+    assert len(made) == len(metrics) == 4
+    for index, (rows, m) in enumerate(zip(made, metrics, strict=True)):
+        tokens = []
+        for row in rows:
+            versions = row["token_weight_version"]
+            assert len(versions) == len(row["completion_token_ids"])
+            assert versions == sorted(versions) and versions[-1] <= index
+            assert row["weight_version"] == versions[0]
+            tokens += [index - v for v in versions]
+        assert m["token_staleness_mean"] == pytest.approx(sum(tokens) / len(tokens))
+        assert m["token_staleness_max"] == max(tokens)
+        assert m["staleness_max"] == index - min(row["weight_version"] for row in rows) <= 2
+        spanning = [len(set(row["token_weight_version"])) > 1 for row in rows]
+        assert m["samples_spanning_versions"] == pytest.approx(sum(spanning) / len(rows))
+
+
 def interrupted_and_resumed(world: Path, name: str, steps: int, **rollout) -> list[dict]:
     """``pt-train run`` of ``name`` stopped by SIGTERM once 3 steps are logged (it exits
     85 with a full checkpoint after step 3 or 4), then run again to the end; the resumed
@@ -255,6 +284,11 @@ def test_sigterm_mid_round_then_resume_ends_with_the_uninterrupted_weights_when_
         ({"training": {"global_batch_size": 3}}, "samples_per_prompt"),
         ({"rollout": {"schedule": "step_off"}}, "generator=server"),
         ({"rollout": {"engine": "vllm"}}, "generator=server"),
+        ({"rollout": {"in_flight": True}}, "rollout.in_flight"),
+        (
+            {"rollout": {"in_flight": True, "schedule": "async", "generator": "server"}},
+            "engine=hf",
+        ),
     ],
 )
 def test_online_configs_that_cannot_work_are_refused(world, pt_train_in_process, changes, message):
@@ -271,15 +305,29 @@ def test_online_configs_that_cannot_work_are_refused(world, pt_train_in_process,
     assert "Traceback" not in err
 
 
-@pytest.mark.vllm
-def test_vllm_generator_after_a_weight_push_generates_what_hf_does(world):
-    """A vLLM generator process started on the student, then pushed the teacher's weights in
-    place: its greedy completions are the HF engine's on the teacher."""
+def require_vllm_python() -> None:
     if not VLLM_PYTHON.exists():
         if os.environ.get("PT_REQUIRE_VLLM"):
             pytest.fail(f"{VLLM_PYTHON} missing; run .ci/setup-vllm.sh")
         pytest.skip(f"{VLLM_PYTHON} missing; run .ci/setup-vllm.sh")
-    from transformers import AutoTokenizer
+
+
+@pytest.mark.vllm
+def test_vllm_generator_takes_weights_between_generations_and_within_one(
+    world, mixed_cache_logprobs
+):
+    """A vLLM generator process with in-flight updates, started on the student:
+
+    - pushed the teacher's weights between two generations, its greedy completions are the
+      HF engine's on the teacher (before: on the student);
+    - pushed the student's weights while a generation runs, the push is answered before the
+      generation ends, and each completion's tokens are the teacher's first, then the
+      student's. Each token's log-prob equals the HF models' given the same tokens, where the
+      KV cache of the tokens before the switch is the teacher's and the student computes the
+      rest (vLLM keeps the running requests' cache), and each token is that distribution's
+      argmax (greedy)."""
+    require_vllm_python()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pt_rollout.engines import Request, SamplingParams
     from pt_rollout.engines.hf import HFEngine
@@ -288,14 +336,37 @@ def test_vllm_generator_after_a_weight_push_generates_what_hf_does(world):
     tokenizer = AutoTokenizer.from_pretrained(world / "student")
     requests = [Request(tokenizer(f"What is {i} + {i}?")["input_ids"], 0) for i in range(4)]
     params = {"temperature": 0.0, "max_tokens": 12}
-    with RemoteGenerator(str(world / "student"), python=str(VLLM_PYTHON), engine="vllm") as gen:
+    long = {**params, "max_tokens": 40, "logprobs": True}
+    with RemoteGenerator(
+        str(world / "student"), python=str(VLLM_PYTHON), engine="vllm", in_flight=True
+    ) as gen:
         before = gen.wait(gen.submit_generate(requests, params))
         pushed = gen.wait(gen.submit_load_weights(str(world / "teacher"), version=7))
         after = gen.wait(gen.submit_generate(requests, params))
+        running = gen.submit_generate(requests, long)
+        push = gen.submit_load_weights(str(world / "student"), version=9)
+        within = gen.wait(running)
+        assert gen.done(push), "the push waited for the generation to end"
+        assert gen.wait(push)["version"] == 9
     assert pushed["version"] == after["version"] == 7
-    for name, result in (("student", before), ("teacher", after)):
+    for name, version, result in (("student", 0, before), ("teacher", 7, after)):
         hf = HFEngine(str(world / name)).generate(requests, SamplingParams(**params))
         assert [c["token_ids"] for c in result["completions"]] == [c.token_ids for c in hf], name
+        for c in result["completions"]:
+            assert c["token_versions"] == [version] * len(c["token_ids"])
+    assert within["version"] == 7
+    models = {v: AutoModelForCausalLM.from_pretrained(world / name).eval()
+              for v, name in ((7, "teacher"), (9, "student"))}  # fmt: skip
+    for request, c in zip(requests, within["completions"], strict=True):
+        versions = c["token_versions"]
+        assert len(versions) == len(c["token_ids"]) > 1
+        switch = versions.index(9)  # the teacher's tokens, then the student's
+        assert switch > 0 and set(versions[:switch]) == {7} and set(versions[switch:]) == {9}
+        logps = mixed_cache_logprobs(models[7], models[9], request.prompt_token_ids,
+                                     c["token_ids"], switch)  # fmt: skip
+        sampled = logps.gather(1, torch.tensor(c["token_ids"])[:, None])[:, 0]
+        assert torch.allclose(sampled, torch.tensor(c["logprobs"]), atol=1e-4, rtol=0)
+        assert torch.all(sampled >= logps.max(-1).values - 1e-5)  # greedy: each the argmax
 
 
 @pytest.mark.vllm
@@ -304,10 +375,7 @@ def test_a_vllm_teacher_in_the_generator_process_scores_what_the_in_process_one_
     side environment): its top-k and sampled-token log-probs of the student's completions
     equal those of the teacher loaded in this process (HF engine) to 1e-4, so the tail mass
     the loss derives from them (1 - the top-k's mass) agrees too."""
-    if not VLLM_PYTHON.exists():
-        if os.environ.get("PT_REQUIRE_VLLM"):
-            pytest.fail(f"{VLLM_PYTHON} missing; run .ci/setup-vllm.sh")
-        pytest.skip(f"{VLLM_PYTHON} missing; run .ci/setup-vllm.sh")
+    require_vllm_python()
     from transformers import AutoTokenizer
 
     from pt_rollout.engines import Request

@@ -18,6 +18,13 @@ not share a torch version. Because messages are answered in order, a ``load_weig
 sent after a ``generate`` does not change that generation: the client decides which
 weights each round is sampled with by the order it sends them in.
 
+With ``--in-flight`` (vLLM engine), a ``load_weights`` that arrives while a generation
+runs is not queued behind it or behind the messages that came before it: the engine loads
+the weights between two of its steps and answers it at once, and the generation goes on
+with the new weights (the requests keep their KV cache). Each completion then carries
+``token_versions``, the version each of its tokens was sampled with; the generation's
+``version`` is the one it started with.
+
 :class:`RemoteGenerator` is the client: it starts the process, sends without waiting,
 and collects each answer by its key. :class:`GeneratorPool` has the same interface over
 several such processes: each generation is split among them, and one that dies has its
@@ -27,6 +34,7 @@ share asked for again from another.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import secrets
@@ -48,10 +56,15 @@ READY = "PT-SERVE-READY"
 # --------------------------------------------------------------------------- server
 
 
+class ClientGone(Exception):
+    """The client closed its end while a generation ran."""
+
+
 def serve(args) -> None:
     from multiprocessing.connection import Listener
 
     from pt_rollout.engines import Request, SamplingParams, load_engine
+    from pt_rollout.engines.vllm import VLLMEngine
 
     generator = load_engine(
         args.engine,
@@ -63,6 +76,7 @@ def serve(args) -> None:
         max_logprobs=args.max_logprobs,
         logprobs_mode=args.logprobs_mode,
         hf_decoder=args.decoder,
+        in_flight=args.in_flight,
     )
     teacher = None
     if args.teacher:
@@ -75,31 +89,71 @@ def serve(args) -> None:
             max_logprobs=args.max_logprobs,
         )
     version = args.version
+    later: collections.deque = collections.deque()  # read during a generation, not yet due
+
+    def load(conn, message: dict) -> None:
+        nonlocal version
+        start = time.perf_counter()
+        try:
+            generator.load_weights(message["path"])
+        except Exception as exc:  # the client raises it with the message
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        else:
+            version = message["version"]
+            reply = {"version": version, "seconds": time.perf_counter() - start}
+        conn.send({"key": message.get("key"), "op": "load_weights", **reply})
+
+    def between_steps(conn):
+        """In-flight updates: the weight loads that arrived during a generation, done
+        now; other messages wait their turn."""
+
+        def step() -> int | None:
+            loaded = None
+            while conn.poll():
+                try:
+                    message = conn.recv()
+                except EOFError:  # the client is gone: no one wants this generation
+                    raise ClientGone from None
+                if message.get("op") == "load_weights":
+                    load(conn, message)
+                    loaded = version
+                else:
+                    later.append(message)
+            return loaded
+
+        return step
+
     authkey = bytes.fromhex(os.environ.pop("PT_SERVE_AUTHKEY"))
     with Listener(args.socket, family="AF_UNIX", authkey=authkey) as listener:
         print(READY, flush=True)
         with listener.accept() as conn:
             while True:
                 try:
-                    message = conn.recv()
+                    message = later.popleft() if later else conn.recv()
                 except EOFError:
                     return
                 op = message.get("op")
                 if op == "close":
                     return
+                if op == "load_weights":
+                    load(conn, message)
+                    continue
                 try:
-                    if op == "load_weights":
-                        start = time.perf_counter()
-                        generator.load_weights(message["path"])
-                        version = message["version"]
-                        reply = {"version": version, "seconds": time.perf_counter() - start}
-                    elif op == "generate":
+                    if op == "generate":
                         start = time.perf_counter()
                         params = SamplingParams(**message["params"])
                         requests = [Request(list(ids), seed) for ids, seed in message["requests"]]
-                        completions = generator.generate(requests, params)
+                        started_with = version
+                        if args.in_flight:
+                            assert isinstance(generator, VLLMEngine)  # load_engine's check
+                            completions = generator.generate(
+                                requests, params, between_steps=between_steps(conn),
+                                version=version,
+                            )  # fmt: skip
+                        else:
+                            completions = generator.generate(requests, params)
                         reply = {
-                            "version": version,
+                            "version": started_with,
                             "completions": [c.__dict__ for c in completions],
                             "generate_s": time.perf_counter() - start,
                         }
@@ -118,6 +172,8 @@ def serve(args) -> None:
                             reply["score_s"] = time.perf_counter() - start
                     else:
                         reply = {"error": f"unknown op {op!r}"}
+                except ClientGone:
+                    return
                 except Exception as exc:  # the client raises it with the message
                     reply = {"error": f"{type(exc).__name__}: {exc}"}
                 conn.send({"key": message.get("key"), "op": op, **reply})
@@ -138,6 +194,7 @@ def main() -> None:
     parser.add_argument("--max-logprobs", type=int, default=20)
     parser.add_argument("--logprobs-mode", default="raw")
     parser.add_argument("--decoder", default="auto")
+    parser.add_argument("--in-flight", action="store_true")
     serve(parser.parse_args())
 
 
@@ -163,6 +220,7 @@ class RemoteGenerator:
         max_logprobs: int = 20,
         logprobs_mode: str = "raw",
         decoder: str = "auto",
+        in_flight: bool = False,
         start_timeout: float = 900.0,
     ):
         from multiprocessing.connection import Client
@@ -182,6 +240,8 @@ class RemoteGenerator:
             cmd += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
         if max_model_len is not None:
             cmd += ["--max-model-len", str(max_model_len)]
+        if in_flight:
+            cmd.append("--in-flight")
         env = {**os.environ, "PT_SERVE_AUTHKEY": authkey.hex()}
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=sys.stderr.fileno(), env=env, text=True

@@ -265,6 +265,9 @@ class RolloutConfig(SamplingConfig):
     step_off: int = Field(1, ge=1)
     max_staleness: int = Field(1, ge=0)  # optimizer updates, async only
     stale: Literal["drop", "keep"] = "drop"  # async: a round older than the bound
+    # async, vLLM server: new weights reach a generation already running, between two of its
+    # steps, instead of waiting for it to end; each token records its weight version
+    in_flight: bool = False
     engine: Literal["hf", "vllm"] = "hf"
     # the HF engine's decoder: lean (Llama-family models as flat tensor operations, the
     # same logits to rounding), hf (the model's forward), auto (lean on a CPU only)
@@ -315,6 +318,13 @@ class RolloutConfig(SamplingConfig):
             raise ValueError(
                 f"rollout.schedule={self.schedule} overlaps generation with training, which "
                 "needs the generator in its own process: set rollout.generator=server"
+            )
+        if self.in_flight and (self.schedule != "async" or self.engine != "vllm"):
+            raise ValueError(
+                "rollout.in_flight pushes new weights into generations already running, "
+                "which only rollout.schedule=async has, with rollout.engine=vllm in a "
+                f"generator process (here schedule={self.schedule}, engine={self.engine}): "
+                "set those, or remove rollout.in_flight"
             )
         return self
 

@@ -57,10 +57,17 @@ def load_engine(
     hf_batch_size: int = 64,
     logprobs_mode: str = "raw",
     hf_decoder: str = "auto",
+    in_flight: bool = False,
 ) -> Engine:
     """Build an engine by name (``auto``, ``vllm`` or ``hf``) for the model at ``model``;
-    ``hf_decoder`` is the HF engine's decoder (``auto``, ``lean``, ``hf``)."""
+    ``hf_decoder`` is the HF engine's decoder (``auto``, ``lean``, ``hf``); ``in_flight``:
+    weights can be loaded between two steps of a generation (the vLLM engine only)."""
     name = resolve_engine(name)
+    if in_flight and name != "vllm":
+        raise ConfigError(
+            f"in-flight weight updates need the vLLM engine, not {name}",
+            hint="use the vllm engine, or turn in-flight updates off",
+        )
     if name == "vllm":
         from pt_rollout.engines.vllm import VLLMEngine
 
@@ -73,6 +80,7 @@ def load_engine(
             max_model_len=max_model_len,
             max_logprobs=max_logprobs,
             logprobs_mode=logprobs_mode,
+            in_flight=in_flight,
         )
     if tensor_parallel_size != 1:
         raise ConfigError(

@@ -84,6 +84,9 @@ class Completion:
     logprobs: list[float] | None = None
     topk_ids: list[list[int]] | None = None
     topk_logprobs: list[list[float]] | None = None
+    # the weight version each token was sampled with, where weights changed while it was
+    # generated (an engine's in-flight updates); None: every token had the request's weights
+    token_versions: list[int] | None = None
 
 
 @dataclass

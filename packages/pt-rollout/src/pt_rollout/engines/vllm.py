@@ -40,12 +40,15 @@ class VLLMEngine(Engine):
         logprobs_mode: str = "raw",
         in_process: bool = False,
         load_format: str = "auto",
+        in_flight: bool = False,
     ):
         """``in_process``: the engine core and its one worker run in this process on every
         platform (vLLM's default elsewhere than here is a process of their own), so that
         :meth:`push_weights` hands them tensors, not copies sent over a socket.
         ``load_format="dummy"``: ``model`` needs only a config and a tokenizer, and the
-        engine starts with placeholder weights, to be replaced by a push."""
+        engine starts with placeholder weights, to be replaced by a push. ``in_flight``: the
+        engine schedules one step at a time (vLLM's async scheduling off), so that
+        :meth:`generate` can load new weights between two steps of a generation."""
         _quiet_vllm_logging()
         from vllm import LLM  # pyright: ignore[reportMissingImports]
         from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
@@ -85,7 +88,12 @@ class VLLMEngine(Engine):
             # (chunked) prefill step ("CPU Generator does not use offset"); scheduling whole
             # prompts avoids partial prefills.
             extra["enable_chunked_prefill"] = False
+        if in_flight:
+            # With async scheduling the next step is already running when a step's tokens
+            # come back; a load between two steps needs the engine idle.
+            extra["async_scheduling"] = False
         self._max_logprobs = max_logprobs
+        self._requests_made = 0
         # One process: the worker reads the pushed pairs straight from the caller.
         self._in_process = extra.get("distributed_executor_backend") == "uni"
         # vLLM fixes at start-up which distribution its log-probs are of.
@@ -120,7 +128,21 @@ class VLLMEngine(Engine):
     def max_model_len(self) -> int:
         return self._max_model_len
 
-    def generate(self, requests: Sequence[Request], params: SamplingParams) -> list[Completion]:
+    def generate(
+        self,
+        requests: Sequence[Request],
+        params: SamplingParams,
+        *,
+        between_steps: Callable[[], int | None] | None = None,
+        version: int = 0,
+    ) -> list[Completion]:
+        """``between_steps``: in-flight weight updates. Called after every engine step, it
+        may load new weights (:meth:`load_weights`) and then returns their version (None
+        when it loaded none); the requests still running go on with the new weights and the
+        KV cache they have (computed with the old ones), as vLLM's ``pause_generation(mode=
+        "keep")`` does, and each completion records the version each token was sampled with
+        (``token_versions``; ``version`` is that of the weights the generation starts with).
+        Needs an engine built with ``in_flight=True``."""
         from vllm import SamplingParams as VSamplingParams  # pyright: ignore[reportMissingImports]
         from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports]
 
@@ -146,41 +168,84 @@ class VLLMEngine(Engine):
             )
             for r in requests
         ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests],
-            sampling,
-            use_tqdm=False,
-        )
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
+        if between_steps is None:
+            outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
+            return [self._completion(out.outputs[0], params) for out in outputs]
+        outputs, versions = self._generate_in_flight(prompts, sampling, between_steps, version)
         completions = []
-        for out in outputs:
-            sample = out.outputs[0]
-            token_ids = list(sample.token_ids)
-            logprobs = topk_ids = topk_logprobs = None
-            if params.logprobs:
-                logprobs = [
-                    float(position[token].logprob)
-                    for position, token in zip(sample.logprobs, token_ids, strict=True)
-                ]
-            if params.logprobs_top_k:
-                topk_ids, topk_logprobs = [], []
-                for position in sample.logprobs:
-                    ranked = sorted(
-                        ((lp.rank, t, lp.logprob) for t, lp in position.items()
-                         if lp.rank is not None and lp.rank <= params.logprobs_top_k),
-                        key=lambda item: item[0],
-                    )  # fmt: skip
-                    topk_ids.append([t for _, t, _ in ranked])
-                    topk_logprobs.append([float(v) for _, _, v in ranked])
-            completions.append(
-                Completion(
-                    token_ids,
-                    _finish_reason(sample.finish_reason),
-                    logprobs,
-                    topk_ids,
-                    topk_logprobs,
-                )
-            )
+        for out, changes in zip(outputs, versions, strict=True):
+            completion = self._completion(out.outputs[0], params)
+            completion.token_versions = _token_versions(len(completion.token_ids), changes)
+            completions.append(completion)
         return completions
+
+    def _generate_in_flight(self, prompts, sampling, between_steps, version):
+        """vLLM's offline loop (``LLM.generate``) one step at a time, with ``between_steps``
+        after each; every request's output is cumulative, so the tokens it has at a weight
+        change are known. Returns the finished outputs in request order and, for each, the
+        ``(tokens before, new version)`` of each change after its first token."""
+        from vllm.sampling_params import RequestOutputKind  # pyright: ignore[reportMissingImports]
+
+        engine = self.llm.llm_engine
+        if engine.has_unfinished_requests():
+            raise RuntimeError("the vLLM engine has requests of another generation running")
+        # The engine inputs LLM.generate makes of the prompts (raw ones are deprecated).
+        render = getattr(self.llm, "_preprocess_cmpl", None)
+        if render is not None:
+            prompts = render(prompts)
+        ids = []
+        for prompt, sp in zip(prompts, sampling, strict=True):
+            sp.output_kind = RequestOutputKind.CUMULATIVE
+            request_id = f"pt-in-flight-{self._requests_made}"
+            self._requests_made += 1
+            engine.add_request(request_id, prompt, sp)
+            ids.append(request_id)
+        produced = dict.fromkeys(ids, 0)
+        changes: dict[str, list[tuple[int, int]]] = {i: [(0, version)] for i in ids}
+        finished: dict[str, Any] = {}
+        stale_prefixes = False
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    produced[out.request_id] = len(out.outputs[0].token_ids)
+                    if out.finished:
+                        finished[out.request_id] = out
+                new = between_steps()
+                if new is not None:
+                    stale_prefixes = True
+                    for request_id in ids:
+                        if request_id not in finished:
+                            changes[request_id].append((produced[request_id], new))
+        except BaseException:
+            engine.abort_request([i for i in ids if i not in finished])
+            raise
+        finally:
+            if stale_prefixes:  # the blocks cached before a change hold the old weights' KV
+                self.llm.reset_prefix_cache()
+        return [finished[i] for i in ids], [changes[i] for i in ids]
+
+    def _completion(self, sample, params: SamplingParams) -> Completion:
+        token_ids = list(sample.token_ids)
+        logprobs = topk_ids = topk_logprobs = None
+        if params.logprobs:
+            logprobs = [
+                float(position[token].logprob)
+                for position, token in zip(sample.logprobs, token_ids, strict=True)
+            ]
+        if params.logprobs_top_k:
+            topk_ids, topk_logprobs = [], []
+            for position in sample.logprobs:
+                ranked = sorted(
+                    ((lp.rank, t, lp.logprob) for t, lp in position.items()
+                     if lp.rank is not None and lp.rank <= params.logprobs_top_k),
+                    key=lambda item: item[0],
+                )  # fmt: skip
+                topk_ids.append([t for _, t, _ in ranked])
+                topk_logprobs.append([float(v) for _, _, v in ranked])
+        return Completion(
+            token_ids, _finish_reason(sample.finish_reason), logprobs, topk_ids, topk_logprobs
+        )
 
     def score(
         self,
@@ -249,7 +314,8 @@ class VLLMEngine(Engine):
         rebuilt = self.llm.collective_rpc("pt_reload_weights", args=(str(path),))
         if any(rebuilt):
             log.debug("vllm: CPU GEMM of tied layers rebuilt after the load: %s", rebuilt[0])
-        self.llm.reset_prefix_cache()
+        if not self.llm.llm_engine.has_unfinished_requests():  # else when they end
+            self.llm.reset_prefix_cache()
 
     def push_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """New weights from ``(name, tensor)`` pairs under the model's checkpoint names (a
@@ -362,6 +428,16 @@ def _quiet_vllm_logging() -> None:
     processes inherit the environment)."""
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def _token_versions(length: int, changes: list[tuple[int, int]]) -> list[int]:
+    """The version of each of ``length`` tokens from ``(tokens before, version)`` changes
+    (the first at 0)."""
+    versions: list[int] = []
+    ends = [at for at, _ in changes[1:]] + [length]
+    for (_, version), end in zip(changes, ends, strict=True):
+        versions += [version] * (min(end, length) - len(versions))
+    return versions
 
 
 def _finish_reason(reason: str | None) -> str:

@@ -40,11 +40,17 @@ When (``rollout.schedule``):
   each asked for as soon as a place is free; a round whose staleness exceeds
   ``max_staleness`` is dropped and generated again (``stale: drop``, as TRL does, counted
   in ``dropped_stale``) or trained on anyway (``stale: keep``, as AsyncOPD does).
+  With ``in_flight`` (vLLM generator processes), the weights pushed at each round start
+  reach the generations already running between two engine steps (their KV cache kept),
+  instead of waiting for them to end: a sample may span weight versions, and each token
+  records the version that sampled it (``token_weight_version``).
 
 Every sample records ``weight_version``, the number of optimizer updates behind the
 weights that generated it, and ``staleness``: the updates between those weights and the
 weights its round starts training from (0 for ``sync``, ``N x U`` in the steady state of
-``step_off``). Each round is written to ``<run_dir>/rounds/round-NNNNNN/rollouts.jsonl``
+``step_off``); with in-flight updates these are of its first token, and the metrics
+``token_staleness_mean``/``token_staleness_max`` and ``samples_spanning_versions`` are
+counted per token. Each round is written to ``<run_dir>/rounds/round-NNNNNN/rollouts.jsonl``
 (and ``meta.json``) before it is trained on; a resumed run reads the rounds it finds there
 instead of generating them again, and a full checkpoint first writes the rounds in flight
 (``step_off``, ``async``), so with ``seeding: per_sample`` a resumed run ends with the weights
@@ -244,6 +250,16 @@ class OnlineProducer(Producer):
             "staleness_max": float(staleness.max()),
             "dropped_stale": self.dropped_stale,
         }
+        if "token_weight_version" in rows[0]:  # in-flight updates: versions per token
+            start = (step // self.updates) * self.updates
+            tokens = np.array(
+                [start - v for row in rows for v in row["token_weight_version"]], dtype=np.float64
+            )
+            metrics["token_staleness_mean"] = float(tokens.mean()) if tokens.size else 0.0
+            metrics["token_staleness_max"] = float(tokens.max()) if tokens.size else 0.0
+            metrics["samples_spanning_versions"] = float(
+                np.mean([len(set(row["token_weight_version"])) > 1 for row in rows])
+            )
         if step % self.updates == 0:  # the round's own figures, logged with its first step
             metrics.update(self._meta.get(step // self.updates, {}).get("metrics", {}))
         return metrics
@@ -496,6 +512,10 @@ class OnlineProducer(Producer):
             "completion_logprobs": c["logprobs"],
             "weight_version": result["version"],
         }
+        if c.get("token_versions") is not None:  # in-flight updates
+            row["token_weight_version"] = c["token_versions"]
+            if c["token_versions"]:  # the weights of its first token
+                row["weight_version"] = c["token_versions"][0]
         if c.get("topk_ids") is not None:
             row["student_topk_ids"] = c["topk_ids"]
             row["student_topk_logprobs"] = c["topk_logprobs"]
@@ -651,6 +671,8 @@ class OnlineProducer(Producer):
             self._start_server()
         if keep_ahead:
             self._top_up(index)
+        if r.in_flight:  # the newest weights reach the round while it is generated
+            self._push_current()
         while True:
             result = self._generator.wait(self._pending.pop(index))
             staleness = index * self.updates - result["version"]
@@ -733,6 +755,7 @@ class OnlineProducer(Producer):
             max_logprobs=self._max_logprobs(),
             logprobs_mode=self.needs.logprobs_mode,
             decoder=r.decoder,
+            in_flight=r.in_flight,
         )  # fmt: skip
         self._pushed_version = self._version
         log.info("weights pushed as safetensors written to %s", path.parent)
