@@ -158,15 +158,21 @@ def serve(args) -> None:
                             "generate_s": time.perf_counter() - start,
                         }
                         if message.get("score"):
+                            if teacher is None:
+                                raise ValueError(
+                                    "scores were asked of a generator process started without "
+                                    "a teacher (--teacher)"
+                                )
                             start = time.perf_counter()
                             score = message["score"]
+                            at_ids = None
+                            if score.get("at_student_topk"):
+                                at_ids = [c.topk_ids or [] for c in completions]
                             scores = teacher.score(
                                 [r.prompt_token_ids for r in requests],
                                 [c.token_ids for c in completions],
                                 top_k=score.get("top_k", 0),
-                                at_ids=[c.topk_ids for c in completions]
-                                if score.get("at_student_topk")
-                                else None,
+                                at_ids=at_ids,
                             )
                             reply["scores"] = [s.__dict__ for s in scores]
                             reply["score_s"] = time.perf_counter() - start
@@ -180,7 +186,7 @@ def serve(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--socket", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--engine", default="hf")
@@ -247,6 +253,7 @@ class RemoteGenerator:
             cmd, stdout=subprocess.PIPE, stderr=sys.stderr.fileno(), env=env, text=True
         )
         deadline = time.monotonic() + start_timeout
+        assert self.proc.stdout is not None  # stdout=PIPE
         for line in self.proc.stdout:
             if line.strip() == READY:
                 break
@@ -263,13 +270,13 @@ class RemoteGenerator:
         self._replies: dict = {}
         self._cond = threading.Condition()
         self._next_key = 0
-        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader = threading.Thread(target=self._read, args=(self.conn,), daemon=True)
         self._reader.start()
 
-    def _read(self) -> None:
+    def _read(self, conn) -> None:
         while True:
             try:
-                reply = self.conn.recv()
+                reply = conn.recv()
             except (EOFError, OSError):
                 with self._cond:
                     self._replies["_closed"] = True
@@ -280,6 +287,8 @@ class RemoteGenerator:
                 self._cond.notify_all()
 
     def _send(self, message: dict) -> int:
+        if self.conn is None:
+            raise PtError("the generator process was closed")
         key = self._next_key
         self._next_key += 1
         self.conn.send({**message, "key": key})

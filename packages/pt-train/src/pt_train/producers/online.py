@@ -97,10 +97,10 @@ class OnlineProducer(Producer):
         env: DistEnv,
         tokenizer,
         *,
-        policy: Callable[[], object],
+        policy: Callable[[], Any],  # the Hugging Face model being trained
         state_dict: Callable[[], dict | None],
         weights: Callable[[], Iterable[tuple[str, Any]]],
-        token_logps: Callable[[Batch], object] | None = None,
+        token_logps: Callable[[Batch], torch.Tensor] | None = None,
     ):
         """``state_dict``: the policy's merged state dict (gathered on every rank under
         ZeRO-3, None but on rank 0), for the generator servers; ``weights``: the same as
@@ -232,6 +232,7 @@ class OnlineProducer(Producer):
             values = json.loads(path.read_text())
         else:
             values = []
+            assert self.token_logps is not None, "the objective needs old log-probs"
             for batch in self._batches(mine, f"round {index}"):
                 logps = self.token_logps(batch)
                 sizes = torch.bincount(batch.token_sequence, minlength=batch.num_sequences)
@@ -660,7 +661,7 @@ class OnlineProducer(Producer):
     def _keep_ahead(self, index: int) -> None:
         """The requests the schedule has in flight once round ``index`` is in hand."""
         if self._generator is None:
-            self._start_server()
+            self._generator = self._start_server()
         self._top_up(index)
         if self.rollout.schedule == "async":
             self._top_up(index + 1)
@@ -668,7 +669,7 @@ class OnlineProducer(Producer):
     def _generate_server(self, index: int, *, keep_ahead: bool = True) -> dict:
         r = self.rollout
         if self._generator is None:
-            self._start_server()
+            self._generator = self._start_server()
         if keep_ahead:
             self._top_up(index)
         if r.in_flight:  # the newest weights reach the round while it is generated
@@ -731,23 +732,26 @@ class OnlineProducer(Producer):
             requests, self._sampling(), self._score_request()
         )
 
-    def _start_server(self) -> None:
+    def _start_server(self):
+        """The generator processes (a :class:`~pt_rollout.serve.GeneratorPool`), started
+        on the current weights."""
         from pt_rollout.serve import GeneratorPool
 
         r = self.rollout
         path = self._write_weights()
         teacher = self.needs.teacher.path if self.needs.teacher is not None else None
+        score = self._score_request()
         log.info(
             "%d generator process%s (%s engine, %s)",
             r.servers, "es" if r.servers > 1 else "", r.engine, r.python or sys.executable,
         )  # fmt: skip
-        self._generator = GeneratorPool(
+        pool = GeneratorPool(
             str(path),
             servers=r.servers,
             python=r.python,
             engine=r.engine,
             teacher=teacher,
-            teacher_engine="hf" if teacher and self._score_request()["at_student_topk"] else None,
+            teacher_engine="hf" if teacher and score and score["at_student_topk"] else None,
             seed=r.seed,
             version=self._version,
             gpu_memory_utilization=r.gpu_memory_utilization,
@@ -759,6 +763,7 @@ class OnlineProducer(Producer):
         )  # fmt: skip
         self._pushed_version = self._version
         log.info("weights pushed as safetensors written to %s", path.parent)
+        return pool
 
     def _push_current(self) -> None:
         """Send the current weights to the generator unless it has them; without waiting
