@@ -1,5 +1,5 @@
-"""The GPU paths of pt-train on one GPU, in one run of under 8 minutes; bench/gpu_check.sh
-starts it (after installing the wheels that bench/gpu_wheels.sh made).
+"""The GPU paths of pt-train on one GPU, in one run of at most 8 minutes (its budget);
+bench/gpu_check.sh starts it (after installing the wheels that bench/gpu_wheels.sh made).
 
     bash bench/gpu_check.sh               # on a GPU machine: Qwen2.5-shaped models, bf16
     bash bench/gpu_check.sh --dry-run     # on a CPU, tiny shapes: the plan, one check run
@@ -27,6 +27,9 @@ share of the budget; a check that no longer fits in what is left is skipped. In 
 - ``sft-0.5b-plain-fp32``: the plain engine (one process, stage 0, fp32) on the GPU.
 - ``sft-0.5b-flash-attn``: flash_attention_2 where flash_attn imports (skipped otherwise).
 - ``vllm``: skipped; vLLM does not fit in what travels to the GPU machine.
+
+``--only NAME,NAME`` runs those checks (with ``setup``, and ``sft-0.5b-zero2`` when one of
+them starts from its model) and plans the rest, as a dry run does.
 
 A dry run trains ``sft-0.5b-zero2`` only (DeepSpeed's CPU accelerator, bf16) and plans
 the rest: each other check's config is written and validated by pt-train's config loader
@@ -61,6 +64,15 @@ QWEN_VOCAB = 151_936
 BUDGET_S = 480.0  # all of bash bench/gpu_check.sh, the wheel install included
 RESERVE_S = 10.0  # kept back for writing the results
 LOG_TAIL_LINES = 120
+CHECKS = (
+    "setup",
+    "sft-0.5b-zero2", "sft-0.5b-zero0", "sft-1.5b-zero2", "sft-1.5b-zero0",
+    "dft-0.5b", "dpo-0.5b", "opd-0.5b", "grpo-0.5b",
+    "rollout-per-sample", "rollout-engine",
+    "sft-0.5b-plain-fp32", "sft-0.5b-flash-attn", "vllm",
+)  # fmt: skip
+# The checks that start from the model sft-0.5b-zero2 trains.
+FROM_SMALL_MODEL = ("dpo-0.5b", "opd-0.5b", "grpo-0.5b", "rollout-per-sample", "rollout-engine")
 VLLM_REASON = (
     "vLLM does not fit in what the device tool carries to the GPU machine (64 MiB in all; "
     "vLLM's wheel and the CUDA libraries it pins are far larger)"
@@ -239,6 +251,24 @@ DRY_PLAN = Plan(
     needs=dict.fromkeys(KINDS, 5),
     run_only=("sft-0.5b-zero2",),
 )
+
+
+def checks_to_run(only: str) -> tuple[str, ...]:
+    """The checks ``--only`` names, with those they need: ``setup`` always, and
+    ``sft-0.5b-zero2`` for a check that starts from its model; CheckError for a name that
+    is no check."""
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    if unknown := [n for n in names if n not in CHECKS]:
+        raise CheckError(
+            f"--only: no check named {', '.join(repr(n) for n in unknown)}; the checks are "
+            + ", ".join(CHECKS)
+        )
+    if not names:
+        raise CheckError(f"--only names no check; the checks are {', '.join(CHECKS)}")
+    wanted = {"setup", *names}
+    if wanted & set(FROM_SMALL_MODEL):
+        wanted.add("sft-0.5b-zero2")
+    return tuple(n for n in CHECKS if n in wanted)
 
 
 def source_hash() -> str:
@@ -693,12 +723,22 @@ def main() -> None:
         "--budget-s", type=float, default=None,
         help="seconds for everything since PT_GPU_CHECK_STARTED (default 480; dry run 1800)",
     )  # fmt: skip
+    parser.add_argument(
+        "--only", metavar="NAME,NAME", default=None,
+        help="run these checks (and those they need) and plan the rest",
+    )  # fmt: skip
     parser.add_argument("--source-hash", action="store_true", help="print pt's source hash")
     args = parser.parse_args()
     if args.source_hash:
         print(source_hash())
         return
     plan = DRY_PLAN if args.dry_run else GPU_PLAN
+    if args.only is not None:
+        try:
+            plan = dataclasses.replace(plan, run_only=checks_to_run(args.only))
+        except CheckError as exc:
+            print(f"gpu_check: {exc}", file=sys.stderr)
+            sys.exit(2)
     started = float(os.environ.get("PT_GPU_CHECK_STARTED") or time.time())
     budget = args.budget_s or (1800.0 if args.dry_run else BUDGET_S)
     deadline = time.monotonic() + budget - (time.time() - started)

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The GPU paths of pt-train in one command of under 8 minutes, on one GPU without a network:
-# bf16 SFT of Qwen2.5-0.5B- and 1.5B-shaped models with DeepSpeed ZeRO-2 and stage 0
-# (tokens/s, MFU, peak memory), DFT, DPO, one round of OPD and of GRPO with the HF engine,
-# per-sample vs engine-seeded sampling, the plain engine; see bench/gpu_check.py.
+# The GPU paths of pt-train in one command of at most 8 minutes (its budget), on one GPU
+# without a network: bf16 SFT of Qwen2.5-0.5B- and 1.5B-shaped models with DeepSpeed
+# ZeRO-2 and stage 0 (tokens/s, MFU, peak memory), DFT, DPO, one round of OPD and of GRPO
+# with the HF engine, per-sample vs engine-seeded sampling, the plain engine; see
+# bench/gpu_check.py.
 #
 #   bash bench/gpu_wheels.sh                 # here, once: the wheels in .whl/
 #   bash bench/gpu_check.sh                  # there, with .whl/ carried along
 #   bash bench/gpu_check.sh --dry-run        # the same sequence on a CPU (PT_GPU_CHECK_DRY=1)
+#   bash bench/gpu_check.sh --only=grpo-0.5b --budget-s=300   # some checks; plan the rest
 #
 # On a GPU it installs .whl/*.whl into /tmp/site (no index, no dependencies: the machine's
 # python3 has torch, transformers and the rest), refusing wheels built from other sources
@@ -19,11 +21,17 @@ PT_GPU_CHECK_STARTED=$(date +%s)
 export PT_GPU_CHECK_STARTED
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 DRY=${PT_GPU_CHECK_DRY:-0}
+PASS=()  # passed on to gpu_check.py
 for arg in "$@"; do
     case $arg in
         --dry-run) DRY=1 ;;
-        -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "gpu_check.sh: unknown argument '$arg' (use --dry-run or --help)" >&2; exit 2 ;;
+        --only=* | --budget-s=*) PASS+=("$arg") ;;
+        -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *)
+            echo "gpu_check.sh: unknown argument '$arg' (use --dry-run, --only=NAME,NAME," \
+                "--budget-s=SECONDS or --help)" >&2
+            exit 2
+            ;;
     esac
 done
 OUT_DIR=${OUT:-$PWD/gpu-check-out}
@@ -35,7 +43,7 @@ if [ "$DRY" = 1 ]; then
         if [ -x "$REPO/.venv/bin/python" ]; then PY=$REPO/.venv/bin/python; else PY=python3; fi
     fi
     export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
-    exec "$PY" bench/gpu_check.py --dry-run --out "$OUT_DIR"
+    exec "$PY" bench/gpu_check.py --dry-run --out "$OUT_DIR" ${PASS[@]+"${PASS[@]}"}
 fi
 
 PY=${PYTHON:-python3}
@@ -55,4 +63,4 @@ fi
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PATH=/tmp/site/bin:$PATH
 echo "wheels installed in $(($(date +%s) - PT_GPU_CHECK_STARTED)) s" >&2
-exec "$PY" bench/gpu_check.py --out "$OUT_DIR"
+exec "$PY" bench/gpu_check.py --out "$OUT_DIR" ${PASS[@]+"${PASS[@]}"}

@@ -192,3 +192,30 @@ def test_the_scripts_pass_shellcheck():
     scripts = [SCRIPT, REPO / "bench" / "gpu_wheels.sh"]
     check = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout
+
+
+@pytest.mark.parametrize(
+    ("only", "runs"),
+    [
+        ("sft-1.5b-zero0", ("setup", "sft-1.5b-zero0")),
+        # these start from the model sft-0.5b-zero2 trains: it runs first
+        ("rollout-engine,grpo-0.5b", ("setup", "sft-0.5b-zero2", "grpo-0.5b", "rollout-engine")),
+        (" dpo-0.5b , dft-0.5b ", ("setup", "sft-0.5b-zero2", "dft-0.5b", "dpo-0.5b")),
+    ],
+)
+def test_only_runs_the_named_checks_with_what_they_start_from(only, runs):
+    assert gpu_check.checks_to_run(only) == runs
+    assert list(gpu_check.CHECKS) == ORDER
+
+
+def test_only_with_an_unknown_check_is_one_error_and_writes_nothing(tmp_path):
+    """gpu_check.sh passes --only to gpu_check.py, which refuses a name that is no check
+    before it runs anything."""
+    proc = _run(["bash", str(SCRIPT), "--dry-run", "--only=grpo-0.5b,grpo-1.5b"], tmp_path,
+                PYTHON=sys.executable)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("gpu_check: --only: no check named 'grpo-1.5b'; the checks are")
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(gpu_check.CheckError, match="names no check"):
+        gpu_check.checks_to_run(" , ")
