@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -181,6 +182,14 @@ class LocalSlurm:
         raise RuntimeError(f"timed out waiting for {what}; see {self.root / 'log'}")
 
     # ----------------------------------------------------------------- queries
+
+    def dead_conf(self, path: Path) -> Path:
+        """A copy of this cluster's slurm.conf at ``path`` naming a controller port nobody
+        listens on: SLURM's clients fail with "Unable to contact slurm controller" after
+        MessageTimeout (2 s here; 18 s with the default of 10)."""
+        text = re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=9", self.conf.read_text())
+        path.write_text(text + "MessageTimeout=2\n")
+        return path
 
     def job(self, job_id: str) -> dict[str, str]:
         """``scontrol show job`` as a mapping (JobState, Restarts, ExitCode, ...)."""

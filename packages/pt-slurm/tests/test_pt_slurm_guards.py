@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 from pathlib import Path
 
@@ -168,9 +167,7 @@ def test_submit_refuses_when_slurm_cannot_say_whether_a_job_is_live(
 ):
     """The controller does not answer (here: a slurm.conf naming a port nobody listens on):
     the check fails closed, and nothing is written."""
-    text = slurm_cluster.conf.read_text()
-    dead = tmp_path / "dead.conf"
-    dead.write_text(re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=9", text))
+    dead = slurm_cluster.dead_conf(tmp_path / "dead.conf")
     config = standin.config(tmp_path, "dead", {"steps": 2})
     proc = cli("pt-slurm", "submit", config, env={"SLURM_CONF": str(dead)}, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -121,10 +121,7 @@ def test_logs_follow_gives_up_on_a_job_that_never_started_when_slurm_is_silent(
 ):
     config = standin.config(tmp_path, "silent", {}, extra_sbatch=["--begin=now+3600"])
     manifest = standin.submit(config)
-    dead = tmp_path / "dead.conf"
-    dead.write_text(
-        re.sub(r"(?m)^SlurmctldPort=\d+", "SlurmctldPort=9", slurm_cluster.conf.read_text())
-    )
+    dead = slurm_cluster.dead_conf(tmp_path / "dead.conf")
     proc = cli(
         "pt-slurm",
         "logs",
