@@ -12,15 +12,16 @@ When a window passes without a beat, the thread
 
 1. writes every thread's Python stack (:func:`faulthandler.dump_traceback`) to
    ``<run_dir>/hang/rank-R-<UTC time>.txt`` and to stderr;
-2. waits ``EXIT_GRACE_S`` so that the other ranks, whose windows end within the same few
-   milliseconds (every step ends in a collective), dump theirs before this rank's exit
-   breaks their collectives;
+2. waits ``EXIT_GRACE_S`` (or the window, where that is shorter) so that the other ranks,
+   whose windows end within the same few milliseconds (every step ends in a collective),
+   dump theirs before this rank's exit breaks their collectives;
 3. ends the process with ``os._exit(HANG_EXIT_CODE)``: a rank stuck in a collective cannot
    be interrupted from Python, and nothing else of the process is trusted to run.
 
 The thread needs the GIL, which torch's collectives and waits release. Should a C call
-hold the GIL for ever, faulthandler's own C thread (armed ``BACKSTOP_S`` after the
-window) dumps the stacks to stderr and exits with code 1 instead.
+hold the GIL for ever, faulthandler's own C thread (armed ``BACKSTOP_S``, or the window
+where that is shorter, after the window and the grace) dumps the stacks to stderr and
+exits with code 1 instead.
 
 A test hook lives here as well (:class:`TestStall`, read from ``PT_TRAIN_TEST_STALL``):
 it makes a rank sleep before a step or before writing a checkpoint, so that the tests
@@ -50,6 +51,20 @@ HANG_EXIT_CODE = 86
 HANG_DIR = "hang"
 EXIT_GRACE_S = 10.0
 BACKSTOP_S = 30.0
+# Both are capped by the window: a dump takes milliseconds, and a window of seconds (as in
+# the tests) would otherwise end in fixed waits several times its length.
+
+
+def exit_grace_s(window_s: float) -> float:
+    """Seconds between a rank's dump and its exit, for a window of ``window_s``."""
+    return min(EXIT_GRACE_S, window_s)
+
+
+def backstop_s(window_s: float) -> float:
+    """Seconds after the window and the grace at which faulthandler ends a rank."""
+    return min(BACKSTOP_S, window_s)
+
+
 STALL_VARIABLE = "PT_TRAIN_TEST_STALL"
 
 
@@ -113,7 +128,7 @@ class Watchdog:
             self._deadline = time.monotonic() + seconds
             self._lock.notify()  # the thread may be waiting for a later deadline
         faulthandler.dump_traceback_later(
-            seconds + EXIT_GRACE_S + BACKSTOP_S, exit=True, file=sys.stderr
+            seconds + exit_grace_s(seconds) + backstop_s(seconds), exit=True, file=sys.stderr
         )
 
     def _run(self) -> None:
@@ -161,10 +176,10 @@ class Watchdog:
             self.rank,
             path,
             HANG_EXIT_CODE,
-            EXIT_GRACE_S,
+            exit_grace_s(window),
         )
         sys.stderr.flush()
-        time.sleep(EXIT_GRACE_S)
+        time.sleep(exit_grace_s(window))
         os._exit(HANG_EXIT_CODE)
 
 
