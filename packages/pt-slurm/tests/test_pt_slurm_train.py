@@ -198,7 +198,7 @@ HANG_AT = 7  # rank 1 sleeps before the 8th step; step-5 is the last checkpoint 
 def hang_runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
     """Two 2-rank runs of 12 steps submitted together: one as it is, and one whose rank 1
     sleeps for ever before step 8 on its first attempt (the PT_TRAIN_TEST_STALL test hook,
-    which stalls only while the run dir holds no stack dump), with the watchdog on (15 s)
+    which stalls only while the run dir holds no stack dump), with the watchdog on (9 s)
     and checkpoints written in the background."""
     path = _write_config(tmp_path_factory.mktemp("pt-slurm-hang"), tiny_tokenizer_dir)
     stall = f"at=step,rank=1,step={HANG_AT},seconds=inf"
@@ -208,7 +208,7 @@ def hang_runs(slurm_cluster, tmp_path_factory, tiny_tokenizer_dir):
         (
             "hung",
             [
-                "training.watchdog_minutes=0.25",
+                "training.watchdog_minutes=0.15",
                 "training.async_save=true",
                 f"slurm.env.PT_TRAIN_TEST_STALL={stall}",
             ],
@@ -268,7 +268,7 @@ def test_a_hung_rank_ends_in_stack_dumps_and_a_retry_that_ends_with_the_unhung_w
         x.split("]:", 1)[-1]
         for x in (run_dir / "slurm" / f"slurm-{job_id}.err").read_text().splitlines()
     )
-    assert "watchdog: no optimizer step completed in 0.25 min" in " ".join(err.split())
+    assert "watchdog: no optimizer step completed in 0.15 min" in " ".join(err.split())
     assert "from step-5 (step 5)" in " ".join(err.split())  # the retry resumed there
 
     reference = Path(hang_runs["unhung"]["path"])
