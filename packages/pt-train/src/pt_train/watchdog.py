@@ -49,9 +49,10 @@ log = get_logger(__name__)
 # requeue asked for), so pt-slurm counts it as a failure and retries.
 HANG_EXIT_CODE = 86
 HANG_DIR = "hang"
+STALL_VARIABLE = "PT_TRAIN_TEST_STALL"
 EXIT_GRACE_S = 10.0
 BACKSTOP_S = 30.0
-# Both are capped by the window: a dump takes milliseconds, and a window of seconds (as in
+# Both are capped by the window (exit_grace_s, backstop_s): a dump takes milliseconds, and a window of seconds (as in
 # the tests) would otherwise end in fixed waits several times its length.
 
 
@@ -63,9 +64,6 @@ def exit_grace_s(window_s: float) -> float:
 def backstop_s(window_s: float) -> float:
     """Seconds after the window and the grace at which faulthandler ends a rank."""
     return min(BACKSTOP_S, window_s)
-
-
-STALL_VARIABLE = "PT_TRAIN_TEST_STALL"
 
 
 class Watchdog:
