@@ -712,15 +712,33 @@ def work_dir(dry_run: bool) -> Path:
     return Path(tempfile.mkdtemp(prefix="pt-gpu-check-"))
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one line on stderr and exit 2, without the usage block."""
+
+    def error(self, message: str):
+        print(f"gpu_check: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return value
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="on a CPU, with tiny shapes")
     parser.add_argument(
         "--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-check-out"),
         help="where gpu_check.json and gpu_check.log go (default: $OUT, else gpu-check-out)",
     )  # fmt: skip
     parser.add_argument(
-        "--budget-s", type=float, default=None,
+        "--budget-s", type=_seconds, default=None,
         help="seconds for everything since PT_GPU_CHECK_STARTED (default 480; dry run 1800)",
     )  # fmt: skip
     parser.add_argument(

@@ -219,3 +219,18 @@ def test_only_with_an_unknown_check_is_one_error_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(gpu_check.CheckError, match="names no check"):
         gpu_check.checks_to_run(" , ")
+
+
+@pytest.mark.parametrize(
+    ("argument", "said"),
+    [
+        ("--budget-s=abc", "argument --budget-s: not a number of seconds: 'abc'"),
+        ("--budget-s=0", "argument --budget-s: must be more than 0 seconds, got '0'"),
+    ],
+)
+def test_a_budget_that_is_not_a_positive_number_is_one_error(tmp_path, argument, said):
+    """0 would have meant the default budget, a negative one a run that skips everything."""
+    proc = _run(["bash", str(SCRIPT), "--dry-run", argument], tmp_path, PYTHON=sys.executable)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"gpu_check: {said} (see --help)"]
+    assert list(tmp_path.iterdir()) == []
