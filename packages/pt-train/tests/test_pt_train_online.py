@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -211,10 +213,12 @@ def test_async_with_in_flight_updates_records_each_tokens_weights(world):
         assert m["samples_spanning_versions"] == pytest.approx(sum(spanning) / len(rows))
 
 
-def interrupted_and_resumed(world: Path, name: str, steps: int, **rollout) -> list[dict]:
+def interrupted_and_resumed(
+    world: Path, name: str, steps: int, on_stop: Callable[[], None] | None = None, **rollout
+) -> list[dict]:
     """``pt-train run`` of ``name`` stopped by SIGTERM once 3 steps are logged (it exits
-    85 with a full checkpoint after step 3 or 4), then run again to the end; the resumed
-    run's metrics."""
+    85 with a full checkpoint after step 3 or 4), ``on_stop`` called, then run again to the
+    end; the resumed run's metrics."""
     path = world / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config(world, name, steps=steps, **rollout)))
     bindir = os.path.dirname(sys.executable)
@@ -233,6 +237,8 @@ def interrupted_and_resumed(world: Path, name: str, steps: int, **rollout) -> li
     assert proc.returncode == REQUEUE_EXIT_CODE, err
     stopped = int((world / "runs" / name / "checkpoints" / "latest").read_text()[5:])
     assert 3 <= stopped < steps
+    if on_stop is not None:
+        on_stop()
     done = subprocess.run(
         [os.path.join(bindir, "pt-train"), "run", str(path)],
         capture_output=True, text=True, env=env, timeout=600,
@@ -277,6 +283,52 @@ def test_sigterm_mid_round_then_resume_ends_with_the_uninterrupted_weights_when_
     assert [m["loss"] for m in resumed] == [m["loss"] for m in reference]
     assert [m["staleness_max"] for m in resumed] == [m["staleness_max"] for m in reference]
     a, b = weights(world, f"{name}-reference", steps), weights(world, name, steps)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.vllm
+def test_in_flight_async_killed_mid_round_resumes_on_the_recorded_rounds(world):
+    """async within 2 updates with in-flight updates (a vLLM generator process): which
+    weights sample each token depends on when the pushes land, so two uninterrupted runs
+    can differ; what a resume must keep is the record. SIGTERM after step 3: the checkpoint
+    waits for the rounds in flight and writes them, the resumed run trains on those rounds
+    as written (none generated again) and generates only the rest. A run from scratch on the
+    resumed run's rounds gives its losses and its final weights bit for bit."""
+    require_vllm_python()
+    steps = 8
+    name = "resume-in-flight"
+    rollout = {
+        "generator": "server", "engine": "vllm", "python": str(VLLM_PYTHON),
+        "schedule": "async", "max_staleness": 2, "stale": "keep", "in_flight": True,
+        "updates_per_round": 2, "max_tokens": 24,
+    }  # fmt: skip
+    written: dict[str, bytes] = {}
+    stopped: list[int] = []
+
+    def at_stop() -> None:
+        latest = world / "runs" / name / "checkpoints" / "latest"
+        stopped.append(int(latest.read_text()[5:]))
+        for d in sorted((world / "runs" / name / "rounds").iterdir()):
+            written[d.name] = (d / "rollouts.jsonl").read_bytes()
+
+    resumed = interrupted_and_resumed(world, name, steps, on_stop=at_stop, **rollout)
+    assert sorted(written) == [f"round-{i:06d}" for i in range(len(written))]
+    # the round of the step after the checkpoint, at least, was written before it
+    assert len(written) >= stopped[0] // 2 + 1
+    made = world / "runs" / name / "rounds"
+    for round_name, data in written.items():
+        assert (made / round_name / "rollouts.jsonl").read_bytes() == data, round_name
+    for index, rows in enumerate(rounds(world, name)):
+        assert all(row["token_weight_version"][-1] <= index * 2 for row in rows)
+
+    replay = world / "runs" / "resume-in-flight-replay"
+    shutil.copytree(made, replay / "rounds")
+    replayed = run(world, "resume-in-flight-replay", steps=steps, updates_per_round=2)
+    assert [m["loss"] for m in replayed] == [m["loss"] for m in resumed]
+    assert [m["token_staleness_mean"] for m in replayed] == [
+        m["token_staleness_mean"] for m in resumed
+    ]
+    a, b = weights(world, "resume-in-flight-replay", steps), weights(world, name, steps)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
