@@ -19,8 +19,13 @@ share of the budget; a check that no longer fits in what is left is skipped. In 
   an H200 (tied embeddings count once; attention scores are not counted). Peak memory:
   the largest ``peak_memory_gb`` (CUDA max allocated).
 - ``dft-0.5b``; ``dpo-0.5b`` (pairs of text; the reference is the starting weights);
-  ``opd-0.5b`` and ``grpo-0.5b``: one round of the online loop, the HF engine generating
-  in the trainer's process (OPD scored by a second 0.5B model, GRPO graded by pt-eval).
+  ``opd-0.5b``: one round of the online loop, the HF engine generating in the trainer's
+  process, scored by a second 0.5B model; ``grpo-0.5b``: two rounds so, graded by pt-eval.
+- ``grpo-0.5b-server``: GRPO's two rounds from a generator process (``rollout.generator:
+  server``, the HF engine on the same GPU): the second round's weights pushed as safetensors
+  in /dev/shm (``weight_push_s``, the write) and loaded by the generator (``weight_load_s``).
+  Each round's generation time is recorded (``generate_s_rounds``), the first one's
+  included, for both GRPO checks.
 - ``rollout-per-sample``, ``rollout-engine``: ``pt-rollout generate --engine hf`` on the
   same model and prompts with ``--seeding per-sample`` (the default: every (id, sample)
   its own seed, for exact resume) and ``--seeding engine``: generated tokens/s of each.
@@ -67,12 +72,15 @@ LOG_TAIL_LINES = 120
 CHECKS = (
     "setup",
     "sft-0.5b-zero2", "sft-0.5b-zero0", "sft-1.5b-zero2", "sft-1.5b-zero0",
-    "dft-0.5b", "dpo-0.5b", "opd-0.5b", "grpo-0.5b",
+    "dft-0.5b", "dpo-0.5b", "opd-0.5b", "grpo-0.5b", "grpo-0.5b-server",
     "rollout-per-sample", "rollout-engine",
     "sft-0.5b-plain-fp32", "sft-0.5b-flash-attn", "vllm",
 )  # fmt: skip
 # The checks that start from the model sft-0.5b-zero2 trains.
-FROM_SMALL_MODEL = ("dpo-0.5b", "opd-0.5b", "grpo-0.5b", "rollout-per-sample", "rollout-engine")
+FROM_SMALL_MODEL = (
+    "dpo-0.5b", "opd-0.5b", "grpo-0.5b", "grpo-0.5b-server", "rollout-per-sample",
+    "rollout-engine",
+)  # fmt: skip
 VLLM_REASON = (
     "vLLM does not fit in what the device tool carries to the GPU machine (64 MiB in all; "
     "vLLM's wheel and the CUDA libraries it pins are far larger)"
@@ -217,7 +225,7 @@ GPU_PLAN = Plan(
     rollout_n=4,
     rollout_tokens=128,
     rollout_dtype="bfloat16",
-    timeout={"small": 100, "large": 130, "short": 80, "online": 100, "rollout": 60},
+    timeout={"small": 100, "large": 130, "short": 80, "online": 150, "rollout": 60},
     needs={"small": 40, "large": 60, "short": 35, "online": 40, "rollout": 25},
 )
 
@@ -557,18 +565,23 @@ class Runner:
         )  # fmt: skip
         self.from_small_model("dpo-0.5b", "short", config)
 
-    def online(self, name: str, objective: dict, prompts: int, samples: int) -> None:
-        """One round of the online loop: ``prompts`` x ``samples`` rows, one update."""
+    def online(
+        self, name: str, objective: dict, prompts: int, samples: int, rounds: int = 1,
+        **rollout,
+    ) -> None:  # fmt: skip
+        """``rounds`` rounds of the online loop: ``prompts`` x ``samples`` rows, one update
+        each; ``rollout``: more of the rollout section."""
         rows = prompts * samples
         config = self.config(
             name,
             objective,
-            {"global_batch_size": rows, "micro_batch_size": rows // 2, "max_steps": 1},
+            {"global_batch_size": rows, "micro_batch_size": rows // 2, "max_steps": rounds},
             rollout={
                 "prompts": str(self.work / "prompts.jsonl"),
                 "samples_per_prompt": samples,
                 "max_tokens": self.plan.online_tokens,
                 "temperature": 1.0,
+                **rollout,
             },
         )
         self.from_small_model(name, "online", config)
@@ -629,7 +642,11 @@ class Runner:
              "teacher": {"path": None, "top_k": 8}},
             p.opd_prompts, 1,
         )  # fmt: skip
-        self.online("grpo-0.5b", {"name": "grpo"}, p.grpo_prompts, p.grpo_samples)
+        self.online("grpo-0.5b", {"name": "grpo"}, p.grpo_prompts, p.grpo_samples, rounds=2)
+        self.online(
+            "grpo-0.5b-server", {"name": "grpo"}, p.grpo_prompts, p.grpo_samples, rounds=2,
+            generator="server",
+        )  # fmt: skip
         self.rollout("per-sample")
         self.rollout("engine")
         if not self.deepspeed_error:
@@ -657,9 +674,13 @@ def summarise(run_dir: Path, warmup: int) -> dict:
         "loss_first": records[0]["loss"],
         "loss_last": records[-1]["loss"],
     }
-    for key in ("generate_s", "score_s", "completion_tokens_mean"):
+    for key in (
+        "generate_s", "score_s", "completion_tokens_mean", "weight_push_s", "weight_load_s",
+    ):  # fmt: skip
         if key in records[-1]:
             out[key] = records[-1][key]
+    if "generate_s" in records[-1]:
+        out["generate_s_rounds"] = [r["generate_s"] for r in records if "generate_s" in r]
     return out
 
 
@@ -681,6 +702,8 @@ def summary_line(r: dict) -> str:
         parts.append(f"peak {r['peak_memory_gb']:.1f} GB")
     if "generate_s" in r:
         parts.append(f"generation {r['generate_s']:.1f} s")
+    if r.get("weight_load_s"):
+        parts.append(f"push {r['weight_push_s']:.2f} s + load {r['weight_load_s']:.2f} s")
     if "steps" in r:
         parts.append(f"{r['steps']} steps")
     if "wall_s" in r:

@@ -36,6 +36,7 @@ ORDER = [
     "dpo-0.5b",
     "opd-0.5b",
     "grpo-0.5b",
+    "grpo-0.5b-server",
     "rollout-per-sample",
     "rollout-engine",
     "sft-0.5b-plain-fp32",
@@ -133,16 +134,22 @@ def test_the_dry_run_trains_one_check_and_plans_every_other_one(tmp_path):
     # the checks that start from a 0.5B model start from the one trained
     model = checks["dpo-0.5b"]["start"]
     assert model.endswith("inference/step-3")
-    for name, objective in (("dpo-0.5b", "dpo"), ("opd-0.5b", "opd"), ("grpo-0.5b", "grpo")):
+    for name, objective in (
+        ("dpo-0.5b", "dpo"), ("opd-0.5b", "opd"), ("grpo-0.5b", "grpo"),
+        ("grpo-0.5b-server", "grpo"),
+    ):  # fmt: skip
         c = checks[name]
         assert c["config"]["model"]["name_or_path"] == model == c["start"]
         assert c["config"]["objective"]["name"] == objective and c["grad_accum"] == 2
     assert checks["opd-0.5b"]["config"]["objective"]["teacher"]["path"] == model
-    for name in ("opd-0.5b", "grpo-0.5b"):
-        # one round, one update
+    for name, rounds, generator in (
+        ("opd-0.5b", 1, None), ("grpo-0.5b", 2, None), ("grpo-0.5b-server", 2, "server"),
+    ):  # fmt: skip
+        # one update a round; the generator in the trainer's process unless named
         config = checks[name]["config"]
-        assert config["training"]["max_steps"] == 1
+        assert config["training"]["max_steps"] == rounds
         assert config["rollout"]["max_tokens"] == plan.online_tokens
+        assert config["rollout"].get("generator") == generator
     for seeding in ("per-sample", "engine"):
         command = checks[f"rollout-{seeding}"]["command"]
         assert command[1:4] == ["-m", "pt_rollout.cli", "generate"]
@@ -168,7 +175,7 @@ def test_a_spent_budget_skips_the_checks_and_still_writes_the_figures(tmp_path):
     reasons = {c["name"]: c.get("reason", "") for c in result["checks"]}
     for name in [*SFT_CHECKS, "dft-0.5b", "sft-0.5b-plain-fp32"]:
         assert reasons[name].startswith("the time budget is spent"), name
-    for name in ["dpo-0.5b", "opd-0.5b", "grpo-0.5b", "rollout-per-sample", "rollout-engine"]:
+    for name in gpu_check.FROM_SMALL_MODEL:
         assert reasons[name] == "no 0.5B model was trained before it", name
     assert all(c["status"] == "skipped" for c in result["checks"][1:])
 
