@@ -184,35 +184,6 @@ def test_async_never_trains_on_samples_older_than_the_bound(world):
     assert all(m["staleness_min"] >= 0 for m in metrics)
 
 
-@pytest.mark.vllm
-def test_async_with_in_flight_updates_records_each_tokens_weights(world):
-    """async within 2 updates, a vLLM generator process with in-flight updates: the weights
-    pushed at each round start reach the rounds being generated. Every sample records the
-    version of each token, never newer than the weights its round trains from and never
-    going back; its weight_version (and so its staleness) is its first token's; and the
-    per-token metrics equal counts by hand over the rows of each step."""
-    require_vllm_python()
-    metrics = run(
-        world, "in-flight", steps=4, generator="server", engine="vllm", python=str(VLLM_PYTHON),
-        schedule="async", max_staleness=2, stale="keep", in_flight=True, max_tokens=24,
-    )  # fmt: skip
-    made = rounds(world, "in-flight")
-    assert len(made) == len(metrics) == 4
-    for index, (rows, m) in enumerate(zip(made, metrics, strict=True)):
-        tokens = []
-        for row in rows:
-            versions = row["token_weight_version"]
-            assert len(versions) == len(row["completion_token_ids"])
-            assert versions == sorted(versions) and versions[-1] <= index
-            assert row["weight_version"] == versions[0]
-            tokens += [index - v for v in versions]
-        assert m["token_staleness_mean"] == pytest.approx(sum(tokens) / len(tokens))
-        assert m["token_staleness_max"] == max(tokens)
-        assert m["staleness_max"] == index - min(row["weight_version"] for row in rows) <= 2
-        spanning = [len(set(row["token_weight_version"])) > 1 for row in rows]
-        assert m["samples_spanning_versions"] == pytest.approx(sum(spanning) / len(rows))
-
-
 def interrupted_and_resumed(
     world: Path, name: str, steps: int, on_stop: Callable[[], None] | None = None, **rollout
 ) -> list[dict]:
@@ -287,20 +258,27 @@ def test_sigterm_mid_round_then_resume_ends_with_the_uninterrupted_weights_when_
 
 
 @pytest.mark.vllm
-def test_in_flight_async_killed_mid_round_resumes_on_the_recorded_rounds(world):
-    """async within 2 updates with in-flight updates (a vLLM generator process): which
-    weights sample each token depends on when the pushes land, so two uninterrupted runs
-    can differ; what a resume must keep is the record. SIGTERM after step 3: the checkpoint
-    waits for the rounds in flight and writes them, the resumed run trains on those rounds
-    as written (none generated again) and generates only the rest. A run from scratch on the
-    resumed run's rounds gives its losses and its final weights bit for bit."""
+def test_in_flight_async_records_each_tokens_weights_and_resumes_on_its_rounds(world):
+    """async within 2 updates, 2 updates a round, a vLLM generator process with in-flight
+    updates: the weights pushed at each round start reach the rounds being generated.
+
+    - Every sample records the version of each token, never newer than the weights its
+      round trains from and never going back; its weight_version (and so its staleness) is
+      its first token's; and each step's per-token metrics equal counts by hand over its
+      rows.
+    - Which weights sample each token depends on when the pushes land, so two
+      uninterrupted runs can differ; what a resume must keep is the record. SIGTERM after
+      step 3: the checkpoint waits for the rounds in flight and writes them, and the
+      resumed run trains on those rounds as written (none generated again) and generates
+      only the rest. A run from scratch on the resumed run's rounds gives its losses and
+      final weights bit for bit."""
     require_vllm_python()
-    steps = 8
-    name = "resume-in-flight"
+    steps, updates, rows_per_step = 8, 2, 4
+    name = "in-flight"
     rollout = {
         "generator": "server", "engine": "vllm", "python": str(VLLM_PYTHON),
         "schedule": "async", "max_staleness": 2, "stale": "keep", "in_flight": True,
-        "updates_per_round": 2, "max_tokens": 24,
+        "updates_per_round": updates, "max_tokens": 24,
     }  # fmt: skip
     written: dict[str, bytes] = {}
     stopped: list[int] = []
@@ -312,23 +290,38 @@ def test_in_flight_async_killed_mid_round_resumes_on_the_recorded_rounds(world):
             written[d.name] = (d / "rollouts.jsonl").read_bytes()
 
     resumed = interrupted_and_resumed(world, name, steps, on_stop=at_stop, **rollout)
+    made = rounds(world, name)
+    assert len(made) == steps // updates and len(resumed) == steps
+    for step, m in enumerate(resumed):
+        index, j = divmod(step, updates)
+        rows = made[index][j * rows_per_step : (j + 1) * rows_per_step]
+        tokens = []
+        for row in rows:
+            versions = row["token_weight_version"]
+            assert len(versions) == len(row["completion_token_ids"])
+            assert versions == sorted(versions) and versions[-1] <= index * updates
+            assert row["weight_version"] == versions[0]
+            tokens += [index * updates - v for v in versions]
+        assert m["token_staleness_mean"] == pytest.approx(sum(tokens) / len(tokens))
+        assert m["token_staleness_max"] == max(tokens)
+        first = index * updates - min(row["weight_version"] for row in rows)
+        assert m["staleness_max"] == first <= 2
+        spanning = [len(set(row["token_weight_version"])) > 1 for row in rows]
+        assert m["samples_spanning_versions"] == pytest.approx(sum(spanning) / len(rows))
+
     assert sorted(written) == [f"round-{i:06d}" for i in range(len(written))]
     # the round of the step after the checkpoint, at least, was written before it
-    assert len(written) >= stopped[0] // 2 + 1
-    made = world / "runs" / name / "rounds"
+    assert len(written) >= stopped[0] // updates + 1
     for round_name, data in written.items():
-        assert (made / round_name / "rollouts.jsonl").read_bytes() == data, round_name
-    for index, rows in enumerate(rounds(world, name)):
-        assert all(row["token_weight_version"][-1] <= index * 2 for row in rows)
+        rollouts = world / "runs" / name / "rounds" / round_name / "rollouts.jsonl"
+        assert rollouts.read_bytes() == data, round_name
 
-    replay = world / "runs" / "resume-in-flight-replay"
-    shutil.copytree(made, replay / "rounds")
-    replayed = run(world, "resume-in-flight-replay", steps=steps, updates_per_round=2)
-    assert [m["loss"] for m in replayed] == [m["loss"] for m in resumed]
-    assert [m["token_staleness_mean"] for m in replayed] == [
-        m["token_staleness_mean"] for m in resumed
-    ]
-    a, b = weights(world, "resume-in-flight-replay", steps), weights(world, name, steps)
+    replay = world / "runs" / "in-flight-replay"
+    shutil.copytree(world / "runs" / name / "rounds", replay / "rounds")
+    replayed = run(world, "in-flight-replay", steps=steps, updates_per_round=updates)
+    for key in ("loss", "token_staleness_mean", "samples_spanning_versions"):
+        assert [m[key] for m in replayed] == [m[key] for m in resumed], key
+    a, b = weights(world, "in-flight-replay", steps), weights(world, name, steps)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
