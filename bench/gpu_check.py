@@ -20,7 +20,8 @@ share of the budget; a check that no longer fits in what is left is skipped. In 
   the largest ``peak_memory_gb`` (CUDA max allocated).
 - ``dft-0.5b``; ``dpo-0.5b`` (pairs of text; the reference is the starting weights);
   ``opd-0.5b``: one round of the online loop, the HF engine generating in the trainer's
-  process, scored by a second 0.5B model; ``grpo-0.5b``: two rounds so, graded by pt-eval.
+  process, scored by a second 0.5B model; ``grpo-0.5b``: two such rounds, graded by
+  pt-eval.
 - ``grpo-0.5b-server``: GRPO's two rounds from a generator process (``rollout.generator:
   server``, the HF engine on the same GPU): the second round's weights pushed as safetensors
   in /dev/shm (``weight_push_s``, the write) and loaded by the generator (``weight_load_s``).
