@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(
     reason="commands are plain processes (PT_TEST_FORK=0)",
 )
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
 
 
 def both(args, **kwargs) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
@@ -56,6 +57,29 @@ def test_stdin_and_the_environment_reach_the_command(tmp_path):
     forked, plain = both([BIN / "pt-eval", "grade", rows, "--workers", "1"])
     assert forked.returncode == plain.returncode == 0
     assert forked.stdout == plain.stdout and '"accuracy": 1.0' in forked.stdout
+
+
+def test_the_generator_process_module_is_forked_and_answers_as_a_plain_one():
+    """``python -m pt_rollout.serve`` with this environment's interpreter is forked (the
+    online loop's generator process); another module, or another environment's
+    interpreter, is a plain process."""
+    python = BIN / "python"
+    proc = subprocess.Popen([python, "-m", "pt_rollout.serve", "--help"],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc._zygote_conn is not None
+    out, _ = proc.communicate(timeout=300)
+    forked, plain = both([python, "-m", "pt_rollout.serve", "--help"])
+    assert proc.returncode == forked.returncode == plain.returncode == 0
+    assert out == forked.stdout == plain.stdout and "--socket" in out
+    forked, plain = both([python, "-m", "pt_rollout.serve", "--engine", "nope"])
+    assert forked.returncode == plain.returncode == 2 and forked.stderr == plain.stderr
+    for args in ([python, "-m", "json.tool", "--help"],
+                 [REPO / ".venv-vllm" / "bin" / "python", "-m", "pt_rollout.serve", "--help"]):  # fmt: skip
+        if not Path(args[0]).exists():
+            continue
+        other = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert other._zygote_conn is None, args
+        other.wait(timeout=300)
 
 
 def test_an_environment_read_at_import_time_is_a_plain_process():

@@ -4,9 +4,10 @@ A ``pt-train`` process spends most of a test's second or two importing torch,
 transformers and DeepSpeed; the suite starts a few hundred of them. This module keeps one
 process per test worker (the zygote) that has imported those modules, and runs each
 ``pt``/``pt-train``/``pt-rollout``/``pt-data``/``pt-eval``/``pt-slurm`` command the tests start (and
-each such command that one of them starts) as a fork of it: the
+each such command that one of them starts), and each generator process pt-train starts
+with this interpreter (``python -m pt_rollout.serve``), as a fork of it: the
 console script itself (``runpy`` of the file in the virtual environment's ``bin``, as
-``__main__``), with the command's arguments, environment, working directory and standard
+``__main__``; of the module, for ``-m``), with the command's arguments, environment, working directory and standard
 streams, ending the way an interpreter ends (non-daemon threads joined, ``atexit``
 handlers run, streams flushed) with the same exit status.
 
@@ -38,6 +39,9 @@ import threading
 SOCKET_VARIABLE = "PT_TEST_ZYGOTE"
 # The console scripts a test's command may be forked for (they import torch).
 FORKED_SCRIPTS = ("pt-train", "pt-rollout", "pt-data", "pt-eval", "pt", "pt-slurm")
+# The modules run as ``python -m MODULE`` by this interpreter that are forked too: the
+# online loop's generator process (pt_rollout.serve, HF engine, started by pt-train).
+FORKED_MODULES = ("pt_rollout.serve",)
 SHELLS = ("bash", "sh")
 # What the zygote imports: what those commands import before they do their work.
 PRELOAD = (
@@ -175,10 +179,15 @@ def _child(request: dict, fds: list[int], default_threads: int) -> None:
                       else signal.default_int_handler)  # fmt: skip
         script = request["argv"][0]
         sys.argv = list(request["argv"])
+        module = request.get("module")
         import runpy
 
         try:
-            runpy.run_path(script, run_name="__main__")
+            if module:  # as ``python -m``: the working directory first on sys.path
+                sys.path[0] = os.getcwd()
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(script, run_name="__main__")
             code = 0
         except SystemExit as stop:
             if stop.code is None:
@@ -280,11 +289,15 @@ def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
         return None
     if argv and os.path.basename(argv[0]) in SHELLS:
         _ZYGOTE.ensure()  # for the commands the script runs (client)
-    if not argv or os.path.basename(argv[0]) not in FORKED_SCRIPTS:
+    module = len(argv) > 2 and argv[1] == "-m" and argv[2] in FORKED_MODULES
+    if module and not os.path.basename(argv[0]).startswith("python"):
+        return None
+    if not module and (not argv or os.path.basename(argv[0]) not in FORKED_SCRIPTS):
         return None
     script = argv[0] if os.sep in argv[0] else None
     if script is None:
         return None
+    # the script (or the interpreter) of this environment: another one's imports differ
     bindir = os.path.dirname(sys.executable)
     if os.path.realpath(os.path.dirname(script)) != os.path.realpath(bindir):
         return None
@@ -333,8 +346,10 @@ class ForkedPopen(_PLAIN_POPEN):
         if argv is not None and _ZYGOTE.ensure():
             fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
                    errwrite if errwrite != -1 else 2]  # fmt: skip
+            module = argv[2] if argv[1:2] == ["-m"] else None
             request = {
-                "argv": argv,
+                "argv": [argv[0], *argv[3:]] if module else argv,
+                "module": module,
                 "env": dict(os.environ if env is None else env),
                 "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
                 "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
