@@ -276,7 +276,8 @@ _PLAIN_POPEN = subprocess.Popen
 
 
 def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
-              process_group, env) -> list[str] | None:  # fmt: skip
+              process_group, env) -> tuple[list[str], str | None] | None:  # fmt: skip
+    """The command's argv and, for ``python -m``, its module, when it can be forked."""
     if (os.environ if env is None else env).get("PT_TEST_FORK", "1") == "0":
         return None
     if isinstance(args, (str, bytes, os.PathLike)):
@@ -289,8 +290,9 @@ def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
         return None
     if argv and os.path.basename(argv[0]) in SHELLS:
         _ZYGOTE.ensure()  # for the commands the script runs (client)
-    module = len(argv) > 2 and argv[1] == "-m" and argv[2] in FORKED_MODULES
-    if module and not os.path.basename(argv[0]).startswith("python"):
+    module = argv[2] if len(argv) > 2 and argv[1] == "-m" else None
+    if module and (module not in FORKED_MODULES
+                   or not os.path.basename(argv[0]).startswith("python")):  # fmt: skip
         return None
     if not module and (not argv or os.path.basename(argv[0]) not in FORKED_SCRIPTS):
         return None
@@ -305,7 +307,7 @@ def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
     if differ:
         _said(argv, _differs(differ), env)
         return None
-    return argv
+    return ([argv[0], *argv[3:]], module) if module else (argv, None)
 
 
 def _differs(variables: list[str]) -> str:
@@ -339,16 +341,16 @@ class ForkedPopen(_PLAIN_POPEN):
                        startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread,
                        c2pwrite, errread, errwrite, restore_signals, gid, gids, uid, umask,
                        start_new_session, process_group):  # fmt: skip
-        argv = None
+        forkable = None
         if gid is None and not gids and uid is None and umask < 0:
-            argv = _forkable(args, executable, shell, preexec_fn, pass_fds,
-                             start_new_session, process_group, env)  # fmt: skip
-        if argv is not None and _ZYGOTE.ensure():
+            forkable = _forkable(args, executable, shell, preexec_fn, pass_fds,
+                                 start_new_session, process_group, env)  # fmt: skip
+        if forkable is not None and _ZYGOTE.ensure():
+            argv, module = forkable
             fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
                    errwrite if errwrite != -1 else 2]  # fmt: skip
-            module = argv[2] if argv[1:2] == ["-m"] else None
             request = {
-                "argv": [argv[0], *argv[3:]] if module else argv,
+                "argv": argv,
                 "module": module,
                 "env": dict(os.environ if env is None else env),
                 "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),

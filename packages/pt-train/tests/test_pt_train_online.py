@@ -185,11 +185,11 @@ def test_async_never_trains_on_samples_older_than_the_bound(world):
 
 
 def interrupted_and_resumed(
-    world: Path, name: str, steps: int, on_stop: Callable[[], None] | None = None, **rollout
+    world: Path, name: str, steps: int, on_stop: Callable[[int], None] | None = None, **rollout
 ) -> list[dict]:
     """``pt-train run`` of ``name`` stopped by SIGTERM once 3 steps are logged (it exits
-    85 with a full checkpoint after step 3 or 4), ``on_stop`` called, then run again to the
-    end; the resumed run's metrics."""
+    85 with a full checkpoint after step 3 or 4), ``on_stop`` called with that step, then
+    run again to the end; the resumed run's metrics."""
     path = world / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config(world, name, steps=steps, **rollout)))
     bindir = os.path.dirname(sys.executable)
@@ -209,7 +209,7 @@ def interrupted_and_resumed(
     stopped = int((world / "runs" / name / "checkpoints" / "latest").read_text()[5:])
     assert 3 <= stopped < steps
     if on_stop is not None:
-        on_stop()
+        on_stop(stopped)
     done = subprocess.run(
         [os.path.join(bindir, "pt-train"), "run", str(path)],
         capture_output=True, text=True, env=env, timeout=600,
@@ -283,9 +283,8 @@ def test_in_flight_async_records_each_tokens_weights_and_resumes_on_its_rounds(w
     written: dict[str, bytes] = {}
     stopped: list[int] = []
 
-    def at_stop() -> None:
-        latest = world / "runs" / name / "checkpoints" / "latest"
-        stopped.append(int(latest.read_text()[5:]))
+    def at_stop(step: int) -> None:
+        stopped.append(step)
         for d in sorted((world / "runs" / name / "rounds").iterdir()):
             written[d.name] = (d / "rollouts.jsonl").read_bytes()
 
