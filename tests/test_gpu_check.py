@@ -82,6 +82,29 @@ def _run(args: list[str], out: Path, **env) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_an_online_runs_figures_are_its_last_rounds_and_each_rounds_generation(tmp_path):
+    """summarise() on a hand-written metrics.jsonl of three steps, two rounds (round figures
+    on each round's first step): medians after the warm-up step, the last round's push and
+    load, and each round's generation time in order."""
+    records = [
+        {"step": 1, "loss": 0.5, "tokens_per_s": 100.0, "step_time_s": 4.0,
+         "peak_memory_gb": 2.0, "generate_s": 9.5, "weight_push_s": 0.0, "weight_load_s": 0.0},
+        {"step": 2, "loss": 0.4, "tokens_per_s": 300.0, "step_time_s": 2.0,
+         "peak_memory_gb": 2.5},
+        {"step": 3, "loss": 0.3, "tokens_per_s": 200.0, "step_time_s": 3.0,
+         "peak_memory_gb": 2.25, "generate_s": 3.25, "weight_push_s": 1.5, "weight_load_s": 0.5},
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = gpu_check.summarise(tmp_path, warmup=1)
+    assert out["steps"] == 3 and out["tokens_per_s"] == 250.0 and out["step_time_s"] == 2.5
+    assert out["peak_memory_gb"] == 2.5
+    assert (out["loss_first"], out["loss_last"]) == (0.5, 0.3)
+    assert out["generate_s_rounds"] == [9.5, 3.25] and out["generate_s"] == 3.25
+    assert (out["weight_push_s"], out["weight_load_s"]) == (1.5, 0.5)
+    line = gpu_check.summary_line({"name": "grpo-0.5b-server", "status": "ok", **out})
+    assert "generation 3.2 s, push 1.50 s + load 0.50 s" in line
+
+
 def test_the_dry_run_trains_one_check_and_plans_every_other_one(tmp_path):
     """The dry run trains sft-0.5b-zero2 for real (DeepSpeed ZeRO-2, bf16 on the CPU) and
     plans the rest: each training check's config is written and passes pt-train's config
