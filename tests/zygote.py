@@ -4,21 +4,22 @@ A ``pt-train`` process spends most of a test's second or two importing torch,
 transformers and DeepSpeed; the suite starts a few hundred of them. This module keeps one
 process per test worker (the zygote) that has imported those modules, and runs each
 ``pt``/``pt-train``/``pt-rollout``/``pt-data``/``pt-eval``/``pt-slurm`` command the tests start (and
-each such command that one of them starts), and each generator process pt-train starts
-with this interpreter (``python -m pt_rollout.serve``), as a fork of it: the
-console script itself (``runpy`` of the file in the virtual environment's ``bin``, as
-``__main__``; of the module, for ``-m``), with the command's arguments, environment, working directory and standard
-streams, ending the way an interpreter ends (non-daemon threads joined, ``atexit``
-handlers run, streams flushed) with the same exit status.
+each such command that one of them starts), and each generator process and local rank
+pt-train starts with this interpreter (``python -m pt_rollout.serve``, ``python -m
+pt_train.cli``), as a fork of it: the console script itself (``runpy`` of the file in
+the virtual environment's ``bin``, as ``__main__``; of the module, for ``-m``), with the
+command's arguments, environment, working directory and standard streams, ending the
+way an interpreter ends (non-daemon threads joined, ``atexit`` handlers run, streams
+flushed) with the same exit status.
 
 It is switched on for the whole session by the root conftest (``subprocess.Popen`` is
 :class:`ForkedPopen`, which starts every other program, and every command it cannot fork
 faithfully, as a plain process) and off with ``PT_TEST_FORK=0``. A command is forked only
 when nothing its pre-imported modules read at import time could differ: the same
-interpreter, no shell, no ``preexec_fn``/new session/process group/extra fds, and an
-environment that differs from the zygote's in no variable its modules may read at import
-time (:data:`IMPORT_TIME_VARIABLES`). ``OMP_NUM_THREADS`` is applied with
-``torch.set_num_threads``.
+interpreter, no shell, no ``preexec_fn`` (but the local ranks', emulated), process group
+or extra fds, and an environment that differs from the zygote's in no variable its
+modules may read at import time (:data:`IMPORT_TIME_VARIABLES`). ``OMP_NUM_THREADS`` is
+applied with ``torch.set_num_threads``.
 """
 
 from __future__ import annotations
@@ -40,8 +41,14 @@ SOCKET_VARIABLE = "PT_TEST_ZYGOTE"
 # The console scripts a test's command may be forked for (they import torch).
 FORKED_SCRIPTS = ("pt-train", "pt-rollout", "pt-data", "pt-eval", "pt", "pt-slurm")
 # The modules run as ``python -m MODULE`` by this interpreter that are forked too: the
-# online loop's generator process (pt_rollout.serve, HF engine, started by pt-train).
-FORKED_MODULES = ("pt_rollout.serve",)
+# online loop's generator process (pt_rollout.serve, HF engine, started by pt-train), and
+# the local ranks ``pt-train run`` starts for ``launcher.nproc > 1`` (pt_train.cli).
+FORKED_MODULES = ("pt_rollout.serve", "pt_train.cli")
+# The one ``preexec_fn`` a forked command may ask for: pt-train's local ranks', which has
+# the kernel send a rank SIGTERM when the process that started it ends (prctl(2)
+# PR_SET_PDEATHSIG). A fork's parent is the zygote, so the fork watches that process
+# instead (a pidfd) and sends itself SIGTERM when it ends.
+PARENT_DEATH_PREEXEC = ("pt_train.distributed", "_stop_with_parent.<locals>.preexec")
 SHELLS = ("bash", "sh")
 # What the zygote imports: what those commands import before they do their work.
 PRELOAD = (
@@ -150,6 +157,10 @@ def _child(request: dict, fds: list[int], default_threads: int) -> None:
             if fd > 2:
                 os.close(fd)
         os.chdir(request["cwd"])
+        if request.get("new_session"):
+            os.setsid()
+        if request.get("stop_with") is not None:
+            _stop_with(request["stop_with"])
         terminal = [os.environ.get(name) for name in TERMINAL_VARIABLES]
         # the pt commands this one starts (pt-slurm's pt-train check) are forks too
         _ZYGOTE.attach(os.environ[SOCKET_VARIABLE], dict(os.environ))
@@ -208,6 +219,21 @@ def _child(request: dict, fds: list[int], default_threads: int) -> None:
         _finish()
     finally:
         os._exit(code)
+
+
+def _stop_with(pid: int) -> None:
+    """SIGTERM to this process when process ``pid`` ends, as PR_SET_PDEATHSIG gives a
+    child whose parent ends; exit at once where it has ended already."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)
+
+    def watch() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="pt-zygote-parent-death", daemon=True).start()
 
 
 def _finish() -> None:
@@ -276,15 +302,19 @@ _PLAIN_POPEN = subprocess.Popen
 
 
 def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
-              process_group, env) -> tuple[list[str], str | None] | None:  # fmt: skip
-    """The command's argv and, for ``python -m``, its module, when it can be forked."""
+              process_group, env) -> dict | None:  # fmt: skip
+    """How the command is forked, when it can be: its argv, its module (for ``python
+    -m``), whether it starts a session of its own, and the process whose end sends it
+    SIGTERM (:data:`PARENT_DEATH_PREEXEC`)."""
     if (os.environ if env is None else env).get("PT_TEST_FORK", "1") == "0":
         return None
     if isinstance(args, (str, bytes, os.PathLike)):
         return None
     argv = [os.fsdecode(a) for a in args]
-    if shell or executable or preexec_fn or pass_fds or start_new_session:
-        _said(argv, "plain: it needs a shell, an executable, preexec_fn, fds or a session", env)
+    made_by = (getattr(preexec_fn, "__module__", None), getattr(preexec_fn, "__qualname__", None))
+    parent_death = preexec_fn is not None and made_by == PARENT_DEATH_PREEXEC
+    if shell or executable or (preexec_fn and not parent_death) or pass_fds:
+        _said(argv, "plain: it needs a shell, an executable, preexec_fn or fds", env)
         return None
     if process_group not in (None, -1):
         return None
@@ -307,7 +337,12 @@ def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
     if differ:
         _said(argv, _differs(differ), env)
         return None
-    return ([argv[0], *argv[3:]], module) if module else (argv, None)
+    return {
+        "argv": [argv[0], *argv[3:]] if module else argv,
+        "module": module,
+        "new_session": bool(start_new_session),
+        "stop_with": os.getpid() if parent_death else None,
+    }
 
 
 def _differs(variables: list[str]) -> str:
@@ -346,12 +381,11 @@ class ForkedPopen(_PLAIN_POPEN):
             forkable = _forkable(args, executable, shell, preexec_fn, pass_fds,
                                  start_new_session, process_group, env)  # fmt: skip
         if forkable is not None and _ZYGOTE.ensure():
-            argv, module = forkable
             fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
                    errwrite if errwrite != -1 else 2]  # fmt: skip
+            argv = forkable["argv"]
             request = {
-                "argv": argv,
-                "module": module,
+                **forkable,
                 "env": dict(os.environ if env is None else env),
                 "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
                 "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,

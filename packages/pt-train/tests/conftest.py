@@ -74,10 +74,16 @@ def _restore_launcher_environment():
 class PtTrainRun:
     """``pt-train run CONFIG run_name=NAME OVERRIDES...`` started in the background, with
     one thread for torch and, if given, the ``PT_TRAIN_TEST_STALL`` test hook; its stderr
-    goes to a file (a pipe nobody reads could fill up and stop it)."""
+    goes to a file (a pipe nobody reads could fill up and stop it). ``plain=True`` starts
+    it, and the ranks it starts, as plain processes rather than forks of the suite's
+    zygote (tests/zygote.py): for a test of the process tree itself (the ranks as the
+    launcher's children, in their own session, ended by the kernel when it ends)."""
 
-    def __init__(self, config: Path, name: str, *overrides: str, stall: str | None = None):
+    def __init__(self, config: Path, name: str, *overrides: str, stall: str | None = None,
+                 plain: bool = False):  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if plain:
+            env["PT_TEST_FORK"] = "0"
         env.pop(STALL_VARIABLE, None)
         if stall is not None:
             env[STALL_VARIABLE] = stall

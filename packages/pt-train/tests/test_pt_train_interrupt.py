@@ -121,7 +121,7 @@ def test_ctrl_c_on_two_local_ranks_saves_on_both_exits_130_and_leaves_no_rank(
     stop, not a failed rank, and the job says once where the run resumes."""
     import psutil
 
-    run = pt_train_run(workdir / "train.yaml", "ranks", "launcher.nproc=2")
+    run = pt_train_run(workdir / "train.yaml", "ranks", "launcher.nproc=2", plain=True)
     metrics = run.run_dir / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, run)
     ranks = psutil.Process(run.proc.pid).children()
@@ -156,7 +156,7 @@ def test_a_second_ctrl_c_on_two_local_ranks_stops_both_at_once(workdir, pt_train
 
     run = pt_train_run(
         workdir / "train.yaml", "ranks-twice", "launcher.nproc=2",
-        stall="at=step,step=5,seconds=inf",
+        stall="at=step,step=5,seconds=inf", plain=True,
     )  # fmt: skip
     wait_for(lambda: "stalls inf s at step 5" in run.stderr(), run)
     ranks = psutil.Process(run.proc.pid).children()
@@ -176,10 +176,15 @@ def test_a_second_ctrl_c_on_two_local_ranks_stops_both_at_once(workdir, pt_train
     assert not any(r.is_running() for r in ranks)
 
 
-def test_the_ranks_of_a_killed_parent_save_and_stop_rather_than_run_on(workdir, pt_train_run):
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "forked"])
+def test_the_ranks_of_a_killed_parent_save_and_stop_rather_than_run_on(
+    workdir, pt_train_run, plain
+):
     """kill -9 of `pt-train run launcher.nproc=2` runs nothing of it: the kernel sends each
     rank SIGTERM as its parent ends (they are in a session of their own, which no terminal
-    signals), and they stop as on any SIGTERM, with a checkpoint of the step they were at."""
+    signals), and they stop as on any SIGTERM, with a checkpoint of the step they were at.
+    Forked from the suite's zygote (tests/zygote.py), the ranks are the zygote's children,
+    which sends them SIGTERM when the launcher ends: the same stop."""
     import psutil
 
     def ended(proc) -> bool:
@@ -189,11 +194,21 @@ def test_the_ranks_of_a_killed_parent_save_and_stop_rather_than_run_on(workdir, 
         except psutil.NoSuchProcess:
             return True
 
-    run = pt_train_run(workdir / "train.yaml", "orphans", "launcher.nproc=2")
+    name = "orphans" if plain else "forked-orphans"
+    run = pt_train_run(workdir / "train.yaml", name, "launcher.nproc=2", plain=plain)
+    assert (run.proc._zygote_conn is None) == plain
     metrics = run.run_dir / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, run)
-    ranks = psutil.Process(run.proc.pid).children()
+    launcher = psutil.Process(run.proc.pid)
+    if plain:
+        ranks = launcher.children()
+    else:
+        zygote = launcher.parent()
+        assert zygote is not None and launcher.children() == []
+        ranks = [p for p in zygote.children()
+                 if p.pid != launcher.pid and p.create_time() >= launcher.create_time()]  # fmt: skip
     assert len(ranks) == 2
+    assert all(os.getsid(r.pid) == r.pid for r in ranks)  # each leads a session of its own
     run.proc.kill()
     run.finish()
     deadline = time.monotonic() + 300
