@@ -141,9 +141,19 @@ def _serve(path: str, side: str | None = None) -> None:
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     children: dict[int, socket.socket] = {}
+    # woken by a request or a child's end (SIGCHLD, through a wake-up pipe), never polling:
+    # an idle zygote takes no CPU from the tests
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
     while True:
-        ready, _, _ = select.select([listener], [], [], 0.02)
-        if ready:
+        ready, _, _ = select.select([listener, wake_read], [], [])
+        if wake_read in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_read, 4096)
+        if listener in ready:
             conn, _ = listener.accept()
             message, fds, _, _ = socket.recv_fds(conn, 1 << 22, 3)
             request = json.loads(message)
@@ -151,6 +161,10 @@ def _serve(path: str, side: str | None = None) -> None:
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.close(wake_read)
+                os.close(wake_write)
                 listener.close()
                 for other in children.values():
                     other.close()
