@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 from pt_core.log import get_logger
+
+if TYPE_CHECKING:
+    import torch
 
 log = get_logger(__name__)
 
@@ -48,7 +52,7 @@ def build_llama(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=tie_word_embeddings,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
@@ -141,7 +145,7 @@ def load_model(
     lora=None,
     device=None,
     compute_dtype=None,
-):
+) -> torch.nn.Module:
     """The model of ``model_cfg`` (a ``pt_train.config.ModelConfig``): pretrained weights
     from ``name_or_path``, or random weights from ``init`` seeded with ``seed``; with
     ``fused_ops``, the memory-lean MLP and RMSNorm of :mod:`pt_train.fused` for training;
