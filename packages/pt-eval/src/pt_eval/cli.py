@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Protocol, cast
 
 import typer
 
@@ -238,6 +239,12 @@ def _run_interrupted(out_dir: Path) -> Interrupted:
     return interrupted(rollouts)
 
 
+class _UsageError(Protocol):
+    """What is used here of click's UsageError."""
+
+    def format_message(self) -> str: ...
+
+
 class _OneLineUsageErrors:
     """The app, with a mistyped or missing flag reported as one ``error:`` line (exit 2)."""
 
@@ -251,16 +258,18 @@ class _OneLineUsageErrors:
             # click's UsageError, as typer bundles it (its class differs between versions)
             if not any(c.__name__ == "UsageError" for c in type(exc).__mro__):
                 raise
+            usage_error = cast(_UsageError, exc)  # a UsageError, by the check above
             ctx = getattr(exc, "ctx", None)
             command = ctx.command_path if ctx is not None else "pt-eval"
-            raise InputError(f"{exc.format_message()} (see {command} --help)") from None
+            raise InputError(f"{usage_error.format_message()} (see {command} --help)") from None
 
 
 def _terminate(signum, frame) -> None:
     raise SystemExit(128 + signum)  # unwinds: the grading pool closes and removes its socket
 
 
-_main = make_main(_OneLineUsageErrors(app))
+# make_main only calls its app, as the wrapper is called
+_main = make_main(cast(typer.Typer, _OneLineUsageErrors(app)))
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from typing import cast
 
 import sympy
 
@@ -114,7 +115,7 @@ def _key(value) -> str:
         expr = value.expr
         shown = (
             rational_key(Fraction(int(expr.p), int(expr.q)))
-            if expr.is_Rational
+            if isinstance(expr, sympy.Rational)
             else (sympy.srepr(expr))
         )
         return f"{shown}|{value.unit}|{value.base}|{value.digits if value.base else ''}"
@@ -561,11 +562,11 @@ def _relations_equal(g: Relation, p: Relation, ctx) -> bool:
         if _variable(g) is None or _variable(g) != _variable(p):
             return False
         return _sets_equal(g, p)
+    op = g.ops[0]
     if len(g.ops) > 1:
         if all(values_equal(a, b, ctx) for a, b in zip(g.parts, p.parts, strict=True)):
             return True
         return _variable(g) is not None and _variable(g) == _variable(p) and _sets_equal(g, p)
-    op = g.ops[0]
     (gl, gr), (pl, pr) = g.parts, p.parts
     gl, pl, pr = _rename_function_argument(gl, pl, pr)
     if values_equal(gl, pl, ctx) and values_equal(gr, pr, ctx):
@@ -606,7 +607,7 @@ def _rename_function_argument(gl, pl, pr):
     ):
         return gl, pl, pr
     mapping = dict(zip(pe.args, ge.args, strict=True))
-    renamed = pr.expr.xreplace(mapping)
+    renamed = cast(sympy.Expr, pr.expr.xreplace(mapping))  # symbols for symbols: an Expr still
     return gl, Scalar(ge), Scalar(renamed, pr.decimal_places, pr.significant_digits)
 
 

@@ -148,9 +148,10 @@ def extract_with_source(
     None (no answer)."""
     if not isinstance(text, str) or not text.strip():
         return None, None
-    text = final_text(text)
-    if text is None:
+    final = final_text(text)
+    if final is None:
         return None, None
+    text = final
     think_open = "<think>" in text and "</think>" not in text
     if think_open:
         truncated = True  # still thinking when it stopped

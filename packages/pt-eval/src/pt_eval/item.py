@@ -144,6 +144,8 @@ def grade_item(
     done, extracted = prepare(prediction, gold, policy, truncated=truncated)
     if done is not None:
         return done
+    # prepare grades a missing answer or gold itself
+    assert extracted is not None and gold is not None
     return grade_extracted(extracted, gold, policy)
 
 

@@ -30,6 +30,7 @@ import itertools
 import math
 import re
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 import sympy
 
@@ -64,7 +65,7 @@ class TooLarge(ValueError):
 
 @dataclass(frozen=True)
 class Scalar:
-    expr: sympy.Basic
+    expr: sympy.Expr
     decimal_places: int | None = None  # set when written as a plain decimal, e.g. 0.333 -> 3
     significant_digits: int | None = None
     unit: str | None = None  # "percent" or "degree" when written with % or ^\circ
@@ -299,7 +300,7 @@ def _guard_power(base: sympy.Basic, exp: sympy.Basic) -> None:
         raise TooLarge("exponent too large")
 
 
-def _is_matrix(value) -> bool:
+def _is_matrix(value) -> TypeGuard[sympy.MatrixBase]:
     return isinstance(value, sympy.MatrixBase)
 
 
@@ -501,7 +502,7 @@ class _Parser:
         """``3:4``, ``S_{MBCN}:S``: a value followed by colons and more values."""
         if not (self.at("op", ":") and isinstance(first, Scalar)):
             return first
-        parts = [first]
+        parts: list[Scalar | Matrix] = [first]
         while self.at("op", ":"):
             self.next()
             parts.append(self.parse_scalar())
@@ -533,7 +534,7 @@ class _Parser:
             self.pos = save
         return self.parse_scalar()
 
-    def try_sequence(self) -> Seq | None:
+    def try_sequence(self) -> Seq | Matrix | None:
         """``(a, b)``, ``[a, b)``, ``{1, 2}`` ...; None when the bracket holds one expression."""
         self.enter()
         opener = self.next().value
@@ -738,7 +739,12 @@ class _Parser:
             elif (t.kind == "op" and t.value == "/") or (t.kind == "cmd" and t.value == "div"):
                 self.next()
                 left = _arith("/", _plain(left), _plain(self.parse_unary()))
-            elif factors == 1 and integer_lead and self._at_plain_fraction():
+            elif (
+                factors == 1
+                and integer_lead
+                and not isinstance(left, _Marked)  # still the lead integer
+                and self._at_plain_fraction()
+            ):
                 # 1 4/5: a whole number and a fraction written apart
                 num = sympy.Integer(self.next().value)
                 self.next()
@@ -752,7 +758,13 @@ class _Parser:
                 self._int_frac = False
                 right = self.parse_power()
                 mixed = factors == 1 and integer_lead and t.kind == "cmd" and t.value == "frac"
-                if mixed and self._int_frac and not isinstance(right, _Marked) and right >= 0:
+                if (
+                    mixed
+                    and not isinstance(left, _Marked)  # still the lead integer
+                    and self._int_frac
+                    and not isinstance(right, _Marked)
+                    and right >= 0
+                ):
                     # 12\frac{3}{5} is 12 + 3/5, and -2\frac12 is -(2 + 1/2)
                     left = left + right if left >= 0 else left - right
                 else:
@@ -818,7 +830,8 @@ class _Parser:
                 self.leave()
                 return _Marked(base, "degree")
             if self.at("op", "{") and self.peek().kind == "cmd" and self.peek().value == "circ":
-                self.next(), self.next()
+                self.next()  # {
+                self.next()  # \circ
                 self.expect("op", "}")
                 self.leave()
                 return _Marked(base, "degree")
@@ -850,7 +863,9 @@ class _Parser:
                     or (inner.kind == "cmd" and inner.value in _TRANSPOSE)
                 )
             ):
-                self.next(), self.next(), self.next()
+                self.next()  # {
+                self.next()  # T
+                self.next()  # }
                 return True
         return False
 
@@ -1047,11 +1062,13 @@ class _Parser:
                 self.next()
                 primes += 1
             elif self.at("op", "^") and self.peek().kind == "cmd" and self.peek().value == "prime":
-                self.next(), self.next()
+                self.next()  # ^
+                self.next()  # \prime
                 primes += 1
             elif (self.at("op", "^") and self.peek().kind == "op" and self.peek().value == "{"
                   and self.peek(2).kind == "cmd" and self.peek(2).value == "prime"):  # fmt: skip
-                self.next(), self.next()
+                self.next()  # ^
+                self.next()  # {
                 while self.at("cmd", "prime"):
                     self.next()
                     primes += 1
@@ -1455,7 +1472,9 @@ def symbol_letters(value) -> frozenset:
         seen += 1
         if isinstance(v, Scalar):
             found.update(
-                s.name for s in v.expr.free_symbols if len(s.name) == 1 and s.name.isupper()
+                s.name
+                for s in v.expr.free_symbols
+                if isinstance(s, sympy.Symbol) and len(s.name) == 1 and s.name.isupper()
             )
         elif isinstance(v, tuple):
             stack.extend(v)

@@ -37,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO, cast
 
 from pt_core.errors import RunFailure
 from pt_core.log import get_logger
@@ -51,6 +52,12 @@ STARTUP_TIMEOUT = 120.0  # seconds the fork server may take to import sympy
 CONNECT_TIMEOUT = 30.0  # seconds a forked worker may take to connect back
 ITEMS_IN_FLIGHT = 16  # items queued on one worker at a time
 MAX_FAILED_STARTS = 5
+
+
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    """The fork server's stdin or stdout: always a pipe (see :meth:`GradingPool.start`)."""
+    assert stream is not None
+    return stream
 
 
 def default_workers() -> int:
@@ -102,7 +109,7 @@ class GradingPool:
         self.memory_mb = memory_mb
         self.workers: list[_Worker] = []
         self.restarts = 0  # workers replaced after a timeout or a crash
-        self._server: subprocess.Popen | None = None
+        self._server: subprocess.Popen[bytes] | None = None
         self._server_ready = False
         self._server_started = 0.0
         self._server_buf = bytearray()
@@ -129,6 +136,7 @@ class GradingPool:
             self._listener.bind(path)
             self._listener.listen(64)
             self._listener.setblocking(False)
+        assert self._tmpdir is not None  # made with the listener, removed with it
         src_dir = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src_dir, env.get("PYTHONPATH")) if p)
@@ -142,7 +150,7 @@ class GradingPool:
         self._server = subprocess.Popen(
             args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True
         )
-        os.set_blocking(self._server.stdout.fileno(), False)
+        os.set_blocking(_pipe(self._server.stdout).fileno(), False)
         self._server_ready = False
         self._server_started = time.monotonic()
         self._server_buf = bytearray()
@@ -166,12 +174,12 @@ class GradingPool:
                 self._server.wait()
             elif self._server.poll() is None:
                 try:
-                    self._server.stdin.close()  # the server kills its workers and exits
+                    _pipe(self._server.stdin).close()  # the server kills its workers and exits
                     self._server.wait(timeout=5)
                 except (OSError, subprocess.TimeoutExpired):
                     self._server.kill()
                     self._server.wait()
-            self._server.stdout.close()
+            _pipe(self._server.stdout).close()
             self._server = None
         if self._listener is not None:
             self._listener.close()
@@ -200,6 +208,7 @@ class GradingPool:
                 if progress is not None:
                     progress(1)
                 continue
+            assert extracted is not None  # prepare grades a missing answer itself
             if not slow:
                 self.start()  # the fork server imports sympy while the rest is extracted
             slow.setdefault((extracted, gold), []).append(index)
@@ -218,7 +227,7 @@ class GradingPool:
             for pair, outcome in zip(work, work_results, strict=True):
                 for index in slow[pair]:
                     results[index] = outcome
-        return results  # type: ignore[return-value]
+        return cast(list[dict], results)  # every item has its result now
 
     def _loop(self, items, results, pending: deque, done, finished) -> None:
         self._work = items
@@ -255,9 +264,11 @@ class GradingPool:
             self._spawns.append(time.monotonic())
 
     def _command(self, line: str) -> None:
+        assert self._server is not None  # only said to a running server
+        stdin = _pipe(self._server.stdin)
         try:
-            self._server.stdin.write(line.encode() + b"\n")
-            self._server.stdin.flush()
+            stdin.write(line.encode() + b"\n")
+            stdin.flush()
         except OSError:
             self._server_failed("the fork server exited")
 
@@ -275,7 +286,7 @@ class GradingPool:
     def _register(self, selector: selectors.BaseSelector) -> None:
         wanted: dict[int, tuple[int, object]] = {}
         if self._server is not None and self._server.poll() is None:
-            wanted[self._server.stdout.fileno()] = (selectors.EVENT_READ, "server")
+            wanted[_pipe(self._server.stdout).fileno()] = (selectors.EVENT_READ, "server")
         if self._listener is not None:
             wanted[self._listener.fileno()] = (selectors.EVENT_READ, "listener")
         for worker in self.workers:
@@ -305,8 +316,9 @@ class GradingPool:
 
     # ------------------------------------------------------------------ events
     def _read_server(self) -> None:
+        assert self._server is not None  # selected only while the server runs
         try:
-            chunk = os.read(self._server.stdout.fileno(), 4096)
+            chunk = os.read(_pipe(self._server.stdout).fileno(), 4096)
         except BlockingIOError:
             return
         if not chunk:
@@ -318,6 +330,7 @@ class GradingPool:
             self._failed_starts = 0
 
     def _accept(self) -> None:
+        assert self._listener is not None  # selected only while the listener is open
         try:
             conn, _ = self._listener.accept()
         except BlockingIOError:
@@ -406,7 +419,7 @@ class GradingPool:
             if self._server.poll() is None:
                 self._server.kill()
             self._server.wait()
-            self._server.stdout.close()
+            _pipe(self._server.stdout).close()
             self._server = None
         self.start()
 
