@@ -39,6 +39,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -426,10 +427,10 @@ def cpu_snapshot(obj):
         elif t.requires_grad:
             out.requires_grad_(True)
         if t.__dict__:
-            out.__dict__.update(snap(dict(t.__dict__)))
+            vars(out).update(snap(dict(t.__dict__)))
         return out
 
-    def snap(x):
+    def snap(x: Any) -> Any:
         if isinstance(x, _IMMUTABLE):
             return x
         key = id(x)

@@ -90,6 +90,7 @@ def run(
         sys.exit(REQUEUE_EXIT_CODE)
     env = launched_env()
     if env is None or env.rank == 0:
+        assert result.inference_path is not None  # None only when stopped
         emit_manifest(
             "checkpoint",
             result.inference_path,

@@ -19,11 +19,11 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field, field_validator, model_validator
 
-from pt_core.config import Section, changed_keys, load_config
+from pt_core.config import Section, changed_keys, defaults, load_config
 from pt_core.errors import ConfigError
 from pt_core.log import get_logger
 from pt_core.sampling import SamplingConfig
@@ -127,7 +127,10 @@ class ModelConfig(Section):
 
     @property
     def tokenizer_path(self) -> str:
-        return self.tokenizer or (self.init.tokenizer if self.init else self.name_or_path)
+        # _one_source: without init, name_or_path is set
+        return self.tokenizer or (
+            self.init.tokenizer if self.init else cast(str, self.name_or_path)
+        )
 
     @property
     def tokenizer_key(self) -> str:
@@ -348,7 +351,7 @@ class EvalConfig(Section):
     steps: int | None = Field(None, ge=1)
     split: str = "validation"
     max_rows: int | None = Field(None, ge=1)
-    generate: GenerateEvalConfig = Field(default_factory=GenerateEvalConfig)
+    generate: GenerateEvalConfig = Field(default_factory=defaults(GenerateEvalConfig))
 
 
 class LauncherConfig(Section):
@@ -396,14 +399,14 @@ class TrainConfig(Section):
     run_name: str
     output_dir: str = "runs"
     model: ModelConfig
-    data: DataConfig = Field(default_factory=DataConfig)
+    data: DataConfig = Field(default_factory=defaults(DataConfig))
     objective: ObjectiveConfig = Field(default_factory=SFTConfig)
     training: TrainingConfig
     deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
+    rollout: RolloutConfig = Field(default_factory=defaults(RolloutConfig))
+    reward: RewardConfig = Field(default_factory=defaults(RewardConfig))
+    eval: EvalConfig = Field(default_factory=defaults(EvalConfig))
+    launcher: LauncherConfig = Field(default_factory=defaults(LauncherConfig))
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     slurm: dict[str, Any] = Field(default_factory=dict)  # pt-slurm reads it; pt-train ignores it
 

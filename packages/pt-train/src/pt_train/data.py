@@ -15,6 +15,7 @@ one stream. Optimizer step ``s`` takes stream positions
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sized
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def load_rows(
         check_token_ids(((r.input_ids,) for r in out), vocab_size or len(tokenizer), source)
     elif "messages" in first:
         resolve_template(tokenizer, None, key="data.chat_template")  # no template: one error
-        out = _tokenize_conversations([first, *rows], data, tokenizer)
+        out = _tokenize_conversations([first, *rows], data, tokenizer, source)
     elif any(k in first for k in (*PAIR_COLUMNS, "chosen", "rejected")):
         raise InputError(
             f"{source}: these rows are preference pairs; the objective trains on single "
@@ -214,7 +215,9 @@ def _tokenized_row(row: dict, source, index: int) -> Row:
     return Row(input_ids, labels, position_ids)
 
 
-def _tokenize_conversations(rows: list[dict], data: DataConfig, tokenizer) -> list[Row]:
+def _tokenize_conversations(
+    rows: list[dict], data: DataConfig, tokenizer, source: Path
+) -> list[Row]:
     """Conversations tokenized (and packed) as pt-data builds them, a repeated prompt
     dropped as pt-data's default ``dedup: prompt`` drops it."""
     from pt_data.build import dropped_summary
@@ -222,8 +225,6 @@ def _tokenize_conversations(rows: list[dict], data: DataConfig, tokenizer) -> li
     from pt_data.pack import pack_examples, single_rows
     from pt_data.tokenize import tokenize_conversation
 
-    # load_rows reads data.path, so that is the file the rows come from
-    source = split_path(data.path, data.split)
     examples = []
     seen_prompts: set[bytes] = set()
     repeats = 0
@@ -303,5 +304,5 @@ class StepSampler:
         return [mine[i : i + micro_batch_size] for i in range(0, per_rank, micro_batch_size)]
 
 
-def count_tokens(rows: list[Row] | list[Pair]) -> int:
+def count_tokens(rows: Iterable[Sized]) -> int:
     return int(sum(len(r) for r in rows))

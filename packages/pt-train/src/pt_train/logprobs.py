@@ -293,7 +293,7 @@ class TokenHead:
     """What :func:`install_token_head` keeps on a model (a plain object, so that the
     decoder is not registered a second time as a submodule of the model)."""
 
-    decoder: torch.nn.Module
+    decoder: Callable  # the model's decoder, or a function calling it (pt_train.lora)
     lm_head: Callable
     vocab: int
 

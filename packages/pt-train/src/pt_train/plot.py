@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from pt_core.errors import InputError
@@ -24,7 +25,7 @@ LABELS = {"loss": "loss", "lr": "learning rate"}
 
 
 def plot_metrics(
-    run_dirs: list[str | Path],
+    run_dirs: Sequence[str | Path],
     out: str | Path | None = None,
     keys: tuple[str, ...] = DEFAULT_KEYS,
     smooth: int = 0,
@@ -65,7 +66,7 @@ def plot_run(
 
 
 def plot_runs(
-    run_dirs: list[str | Path], out: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS,
+    run_dirs: Sequence[str | Path], out: str | Path, keys: tuple[str, ...] = DEFAULT_KEYS,
     smooth: int = 0,
 ) -> Path:  # fmt: skip
     """One figure at ``out``: a panel per key, a line per run named after the run; a run

@@ -79,7 +79,10 @@ def model_card(run_dir: Path, checkpoint: Path) -> str:
     fingerprint = read_data_fingerprint(run_dir)
     step = json.loads((checkpoint / "pt_train.json").read_text())["step"]
 
-    front = {"library_name": "transformers", "pipeline_tag": "text-generation"}
+    front: dict[str, str | list[str]] = {
+        "library_name": "transformers",
+        "pipeline_tag": "text-generation",
+    }
     front["tags"] = ["pt", objective] + (["lora"] if model.get("lora") else [])
     if base is not None and looks_like_hub_name(base) and not Path(base).exists():
         front["base_model"] = base

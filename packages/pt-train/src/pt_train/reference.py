@@ -29,7 +29,9 @@ log = get_logger(__name__)
 CHUNK_PAIRS = 1024
 
 
-def load_frozen(model_cfg, reference_cfg, tokenizer, *, dtype, seed, device, zero_stage, fused):
+def load_frozen(
+    model_cfg, reference_cfg, tokenizer, *, dtype, seed, device, zero_stage, fused
+) -> torch.nn.Module:
     """The frozen model of ``reference_cfg`` (``path`` or the policy's starting weights)."""
     from pt_train.model import load_model
 
@@ -39,7 +41,7 @@ def load_frozen(model_cfg, reference_cfg, tokenizer, *, dtype, seed, device, zer
     source = source.model_copy(update={"gradient_checkpointing": False})
     if reference_cfg.dtype is not None:
         dtype = getattr(torch, reference_cfg.dtype)
-    model = load_model(source, tokenizer, dtype=dtype, seed=seed, fused_ops=fused)
+    model: torch.nn.Module = load_model(source, tokenizer, dtype=dtype, seed=seed, fused_ops=fused)
     model.requires_grad_(False)
     model.eval()
     if zero_stage == 3:
@@ -53,7 +55,8 @@ def load_frozen(model_cfg, reference_cfg, tokenizer, *, dtype, seed, device, zer
                 "bf16": {"enabled": dtype == torch.bfloat16},
             },
         )
-        model = engine.module
+        # the model given (typed as Tensor | Module by Module.__getattr__)
+        model = engine.module  # pyright: ignore[reportAssignmentType]
     else:
         model = model.to(device)
     install_token_head(model)

@@ -148,6 +148,7 @@ class Rewards:
     def _custom(self):
         if self._function is None:
             spec = self.cfg.function
+            assert spec is not None  # called only with reward.function set
             module, _, name = spec.partition(":")
             try:
                 self._function = getattr(importlib.import_module(module), name)

@@ -33,6 +33,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import yaml
@@ -119,6 +120,7 @@ def total_steps_of(cfg: TrainConfig, num_rows: int, num_tokens: int) -> int:
     elif t.num_training_samples is not None:
         samples = t.num_training_samples
     else:
+        assert t.num_training_tokens is not None  # exactly one length is set (the config's check)
         samples = t.num_training_tokens / (num_tokens / num_rows)
     return max(1, math.ceil(samples / g - 1e-9))
 
@@ -343,13 +345,15 @@ class Trainer:
             "pad_token_id": self.tokenizer.pad_token_id,
             "attn_implementation": cfg.model.attn_implementation,
         }
+        # set: __init__ refuses a run without data.path unless other rows are given
+        path = cast(str, cfg.data.path)
         if self.needs.data == "tokens":
-            rows = load_rows(cfg.data, cfg.data.path, self.tokenizer, self._vocab_size())
+            rows = load_rows(cfg.data, path, self.tokenizer, self._vocab_size())
             return rows_producer(rows, **common, **sampling)
         if self.needs.data == "rollouts":
             from pt_train.producers.rollouts import load_rollouts, rollouts_producer
 
-            samples = load_rollouts(cfg.data, cfg.data.path, self.needs.columns)
+            samples = load_rollouts(cfg.data, path, self.needs.columns)
             return rollouts_producer(
                 samples,
                 **common,
@@ -357,7 +361,7 @@ class Trainer:
                 shared_prompt=cfg.data.shared_prompt,
                 **sampling,
             )
-        pairs = load_pairs(cfg.data, cfg.data.path, self.tokenizer, self._vocab_size())
+        pairs = load_pairs(cfg.data, path, self.tokenizer, self._vocab_size())
         producer = pairs_producer(
             pairs, **common, max_seq_length=cfg.data.max_seq_length, **sampling
         )
@@ -380,6 +384,7 @@ class Trainer:
             return m.init.vocab_size or len(self.tokenizer)
         from transformers import AutoConfig
 
+        assert m.name_or_path is not None  # without init (the config's check)
         try:
             config = AutoConfig.from_pretrained(m.name_or_path)
         except (OSError, ValueError):
@@ -479,11 +484,13 @@ class Trainer:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         import deepspeed
 
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+        self.engine, ds_optimizer, _, _ = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
             config=deepspeed_config(cfg, self.grad_accum, self.bf16),
         )
+        assert ds_optimizer is not None  # given one, DeepSpeed returns it (or its wrapper)
+        self.optimizer = ds_optimizer
 
     # ------------------------------------------------------------------ one step
 
@@ -524,7 +531,7 @@ class Trainer:
             request.dense_hidden = other_model_hidden(
                 self.reference, inputs, batch.targets, self.row_lengths(batch)
             )
-            request.dense_head = self.reference._pt_head.lm_head
+            request.dense_head = install_token_head(self.reference).lm_head
         out = self.engine(**inputs, head=request)
         return self.objective.loss(out, batch, reference_out)
 
@@ -554,7 +561,8 @@ class Trainer:
         loss_scale = self.env.world_size / max(global_count, 1.0)
 
         lr = lr_at(step, self.cfg.training, self.total_steps)
-        for group in self.optimizer.param_groups:
+        # DeepSpeed's optimizer wrappers have the wrapped optimizer's param_groups
+        for group in self.optimizer.param_groups:  # pyright: ignore[reportAttributeAccessIssue]
             group["lr"] = lr
 
         loss_total = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -604,7 +612,9 @@ class Trainer:
         elif self.zero_stage == 0 and self.cfg.training.max_grad_norm > 0:
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(
-                    self.engine.module.parameters(), self.cfg.training.max_grad_norm
+                    # DeepSpeed's engine.module is typed as Tensor | Module (Module.__getattr__)
+                    self.engine.module.parameters(),  # pyright: ignore[reportAttributeAccessIssue]
+                    self.cfg.training.max_grad_norm,
                 )
             )
         self.engine.step()
@@ -729,14 +739,13 @@ class Trainer:
                 if alarms_unchecked and ("round" not in record or "completion_length" in record):
                     self.alarms.check_known(record)
                     alarms_unchecked = False
-                evaluated = self.evaluator is not None and self.evaluator.due(
-                    self.step, self.total_steps
-                )
-                if evaluated:
+                evaluated = False
+                if self.evaluator is not None and self.evaluator.due(self.step, self.total_steps):
+                    evaluated = True
                     record.update(self.evaluator.run())
                 if evaluated or self.step % t.logging_steps == 0 or self.step == self.total_steps:
                     self.metrics.log(record)
-                if bar is not None:
+                if bar is not None and task is not None:  # task is set with bar
                     bar.update(task, completed=self.step, description=f"loss {record['loss']:.4f}")
                 done = self.step == self.total_steps
                 if stopped or done or (t.save_steps and self.step % t.save_steps == 0):

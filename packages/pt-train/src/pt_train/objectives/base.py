@@ -169,5 +169,6 @@ class Objective:
     def load_state_dict(self, state: dict) -> None:  # noqa: B027 (optional hook)
         pass
 
-    def end_step(self, metrics: dict[str, float]) -> None:  # noqa: B027 (optional hook)
-        """Called once per optimizer step with the step's reduced metrics."""
+    def end_step(self, metrics: dict[str, tuple[float, float]]) -> None:  # noqa: B027 (optional hook)
+        """Called once per optimizer step with the step's reduced metrics, ``name -> (sum,
+        count)``."""

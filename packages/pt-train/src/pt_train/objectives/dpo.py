@@ -50,8 +50,14 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, field_validator, model_validator
 
-from pt_core.config import Section
-from pt_train.objectives.base import LossOutput, Needs, Objective, pair_logps, preference_metrics
+from pt_core.config import Section, defaults
+from pt_train.objectives.base import (
+    LossOutput,
+    Needs,
+    Objective,
+    pair_logps,
+    preference_metrics,
+)
 from pt_train.objectives.reference import ReferenceConfig
 
 LossType = Literal[
@@ -70,7 +76,7 @@ class DPOConfig(Section):
     label_smoothing: float = Field(0.0, ge=0, lt=0.5)
     rpo_alpha: float | None = Field(None, ge=0)
     simpo_gamma: float = 0.5
-    reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
+    reference: ReferenceConfig = Field(default_factory=defaults(ReferenceConfig))
 
     @field_validator("loss_type", mode="before")
     @classmethod

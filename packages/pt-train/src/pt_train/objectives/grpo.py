@@ -83,9 +83,15 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from pt_core.config import Section
+from pt_core.config import Section, defaults
 from pt_core.errors import ConfigError
-from pt_train.objectives.base import LossOutput, Needs, Objective, mean_metric, segment_sum
+from pt_train.objectives.base import (
+    LossOutput,
+    Needs,
+    Objective,
+    mean_metric,
+    segment_sum,
+)
 from pt_train.objectives.reference import ReferenceConfig
 
 STD_EPS = 1e-4
@@ -139,10 +145,12 @@ class GRPOConfig(Section):
     aggregation: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
     scale_rewards: Literal["group", "batch", "none"] = "group"
     ratio_level: Literal["token", "sequence"] = "token"
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
-    overlong: OverlongConfig = Field(default_factory=OverlongConfig)
-    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
-    reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=defaults(RolloutCorrectionConfig)
+    )
+    overlong: OverlongConfig = Field(default_factory=defaults(OverlongConfig))
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=defaults(DynamicSamplingConfig))
+    reference: ReferenceConfig = Field(default_factory=defaults(ReferenceConfig))
 
     @model_validator(mode="after")
     def _check(self):
@@ -417,6 +425,7 @@ class GRPO(Objective):
         metrics["rollout_kl"] = mean_metric(torch.exp(delta) - delta - 1)
         if masked is not None:
             metrics["correction_masked"] = mean_metric(masked.double())
+        assert out.entropy is not None  # head() asks for it
         metrics["entropy"] = mean_metric(out.entropy)
         if kl is not None:
             metrics["kl"] = mean_metric(kl.detach())

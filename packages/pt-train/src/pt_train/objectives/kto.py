@@ -41,8 +41,14 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from pt_core.config import Section
-from pt_train.objectives.base import LossOutput, Needs, Objective, pair_logps, preference_metrics
+from pt_core.config import Section, defaults
+from pt_train.objectives.base import (
+    LossOutput,
+    Needs,
+    Objective,
+    pair_logps,
+    preference_metrics,
+)
 from pt_train.objectives.reference import ReferenceConfig
 
 
@@ -52,7 +58,7 @@ class KTOConfig(Section):
     desirable_weight: float = Field(1.0, gt=0)
     undesirable_weight: float = Field(1.0, gt=0)
     kl: Literal["batch", "none"] = "batch"
-    reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
+    reference: ReferenceConfig = Field(default_factory=defaults(ReferenceConfig))
 
 
 def kto_loss(
@@ -100,6 +106,7 @@ class KTO(Objective):
             reference = batch.data["ref_logps"].to(chosen.device, chosen.dtype)
             ref_chosen, ref_rejected = reference[0::2], reference[1::2]
         else:
+            assert ref is not None  # the trainer runs the reference where none is stored
             ref_chosen, ref_rejected, _, _ = pair_logps(ref.token_logps.detach(), batch)
         cfg = self.cfg
         total, count, metrics = kto_loss(

@@ -107,9 +107,15 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from pt_core.config import Section
+from pt_core.config import Section, defaults
 from pt_core.errors import ConfigError
-from pt_train.objectives.base import LossOutput, Needs, Objective, TeacherScores, mean_metric
+from pt_train.objectives.base import (
+    LossOutput,
+    Needs,
+    Objective,
+    TeacherScores,
+    mean_metric,
+)
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "skewed_kl", "jsd")
 # The least tail mass log_tail_mass gives: below it a top-k covers the vocabulary.
@@ -141,7 +147,7 @@ class OPDConfig(Section):
     importance_ratio: bool = True
     advantage: Literal["rollout", "online"] = "rollout"
     reward_weight: float = Field(0.0, ge=0)
-    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    teacher: TeacherConfig = Field(default_factory=defaults(TeacherConfig))
 
     @model_validator(mode="after")
     def _check(self):
@@ -393,7 +399,7 @@ class OPD(Objective):
             return
         lists = first.get(column)
         if lists:
-            self._check_width(len(lists[0]), column, f"{source}: ")
+            self._check_width(len(lists[0]), self.top_k, column, f"{source}: ")
 
     def _check_scorer(self, scored_by: str | None, source) -> None:
         """``teacher.path`` on scored rollouts names the model that scored them, or nothing:
@@ -417,8 +423,7 @@ class OPD(Objective):
             return None
         return "teacher_topk_ids" if self.cfg.support == "teacher_topk" else "student_topk_ids"
 
-    def _check_width(self, width: int, column: str, where: str = "") -> None:
-        top_k = self.top_k
+    def _check_width(self, width: int, top_k: int, column: str, where: str = "") -> None:
         if width < top_k:
             raise ConfigError(
                 f"{where}objective.teacher.top_k={top_k}, but the rollouts' {column} hold "
@@ -440,7 +445,7 @@ class OPD(Objective):
         ]
         if self.top_k is None:
             return ids, logps
-        self._check_width(ids.shape[-1], column)
+        self._check_width(ids.shape[-1], self.top_k, column)
         return ids[..., : self.top_k], logps[..., : self.top_k]
 
     def head(self, batch) -> dict:
@@ -469,10 +474,12 @@ class OPD(Objective):
                 if per_token is None:  # declared frozen="dense": the head computes it
                     raise RuntimeError("support: full, but the head computed no dense term")
             else:
+                support = self.support_columns(batch)
+                assert support is not None  # a divergence on a top-k support
                 per_token = divergence(
                     cfg.loss,
                     out.logps[:, 1:],
-                    self.support_columns(batch)[1].to(student_token.dtype),
+                    support[1].to(student_token.dtype),
                     alpha=cfg.alpha,
                     beta=cfg.beta,
                     renormalize=cfg.renormalize,
@@ -480,9 +487,11 @@ class OPD(Objective):
                 )
             metrics["kl"] = mean_metric(per_token)
         elif cfg.loss == "token_kl":
+            assert teacher_token is not None  # a column it requires (columns())
             per_token = token_kl(student_token, teacher_token)
             metrics["kl"] = mean_metric(per_token)
         else:
+            assert teacher_token is not None  # a column it requires (columns())
             rollout = batch.data.get("rollout_logps")
             per_token, pg_metrics = pg_reverse_kl(
                 student_token,

@@ -21,7 +21,7 @@ rows come from a file and are sampled by step like any fixed data; the online lo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,7 +159,7 @@ def sample_from_row(row: dict, where: str, columns: Sequence[str] = ()) -> Rollo
     return sample
 
 
-def load_rollouts(data_cfg, path, required: dict[str, str]) -> list[RolloutSample]:
+def load_rollouts(data_cfg, path, required: Mapping[str, str]) -> list[RolloutSample]:
     """Every rollout row of ``path``; ``required`` columns (with how to get each) must be
     there, every other known token or sequence column present in the rows is kept too."""
     source = split_path(Path(path), data_cfg.split)
