@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from typing import cast
 
 import typer
 from typer.core import TyperGroup
@@ -104,7 +105,8 @@ def make_app(name: str, help: str, version: str) -> typer.Typer:
 
 def _options_of(ctx: typer.Context) -> frozenset[str]:
     name = ctx.invoked_subcommand
-    command = ctx.command.get_command(ctx, name) if name else None
+    # only a group (make_app's) has a subcommand to invoke
+    command = cast(TyperGroup, ctx.command).get_command(ctx, name) if name else None
     if command is None:
         return frozenset()
     return frozenset(o for p in command.params for o in (*p.opts, *p.secondary_opts))
@@ -192,7 +194,8 @@ def report_usage_error(exc: typer.TyperException) -> None:
     from rich.text import Text
 
     if type(exc).__name__ == "NoArgsIsHelpError":
-        exc.show()
+        # a click UsageError (click as typer bundles it), which typer types as its base
+        exc.show()  # pyright: ignore[reportAttributeAccessIssue]
         return
     ctx = getattr(exc, "ctx", None)
     message = " ".join(exc.format_message().split())

@@ -10,6 +10,7 @@ last manifest line and uses its ``path``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import IO, Any
@@ -82,7 +83,10 @@ def read_manifest(
 
 
 def resolve_input(
-    value: str | Path, *, expected: tuple[str, ...] | None = None, stream: IO[str] | None = None
+    value: str | os.PathLike[str],
+    *,
+    expected: tuple[str, ...] | None = None,
+    stream: IO[str] | None = None,
 ) -> tuple[Path, dict | None]:
     """An input argument as a path: ``-`` reads the upstream manifest from stdin.
 

@@ -215,7 +215,7 @@ class Builder:
         cfg = self.cfg
         writers: dict[str, ShardWriter] = {}
         encoder = None
-        if self.tokenized:
+        if self.ct is not None:
             from pt_data.tokenize import ParallelEncoder
 
             encoder = ParallelEncoder(self.ct, cfg.num_proc)
@@ -288,6 +288,7 @@ class Builder:
         import numpy as np
 
         tcfg = self.cfg.tokenizer
+        assert tcfg is not None  # tokenized: data.tokenizer is set
         max_len = tcfg.max_seq_length
         batch = encoder(
             [i.row["messages"] for i in items],
@@ -343,6 +344,7 @@ class Builder:
         from pt_data.preferences import PairLimits, ParallelPairs, get_preference_tokenizer
 
         tcfg = self.cfg.tokenizer
+        assert tcfg is not None  # tokenized: data.tokenizer is set
         if self.pairs is None:
             limits = PairLimits(
                 tcfg.max_seq_length,
@@ -395,6 +397,8 @@ class Builder:
         }
         if cfg.tokenizer is not None:
             t = cfg.tokenizer
+            # __init__ loads both whenever data.tokenizer is set
+            assert self.ct is not None and self.tokenizer is not None
             train = self.counts.get("train") or next(iter(self.counts.values()))
             # What a trainer checks before it trains these ids (pt_core.chat): which
             # vocabulary made them (fingerprint) and the template they were rendered with

@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pt_core.errors import InputError
 from pt_core.files import row_files, split_path
+
+if TYPE_CHECKING:
+    from pt_data.config import DataConfig, TokenizerSpec
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -116,12 +119,13 @@ def pair_stats_from_config(cfg, mixer, items) -> dict[str, Any]:
     return out
 
 
-def _need_tokenizer(cfg) -> None:
+def _need_tokenizer(cfg: DataConfig) -> TokenizerSpec:
     if cfg.tokenizer is None:
         raise InputError(
             "stats needs token counts, and this config has no data.tokenizer",
             hint="add data.tokenizer.name_or_path, or pass data.tokenizer.name_or_path=DIR",
         )
+    return cfg.tokenizer
 
 
 def lengths_from_config(
@@ -236,7 +240,7 @@ def compute_stats(
         from pt_data.config import load_data_config
 
         cfg = load_data_config(p, overrides)
-        _need_tokenizer(cfg)
+        tcfg = _need_tokenizer(cfg)
         mixer, items = _config_rows(cfg, limit, skip_bad or None)
         if mixer.kind == "preferences":
             return pair_stats_from_config(cfg, mixer, items)
@@ -247,7 +251,7 @@ def compute_stats(
                 hint="run stats on a config whose transforms make conversations or pairs",
             )
         per_source = lengths_from_config(cfg, items=items)
-        max_len = cfg.tokenizer.max_seq_length
+        max_len = tcfg.max_seq_length
     else:
         if overrides:
             raise InputError(f"overrides ({' '.join(overrides)}) apply to a config, not {p}")

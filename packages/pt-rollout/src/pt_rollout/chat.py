@@ -48,7 +48,8 @@ class Chat:
         self.stop_ids = stop_token_ids(model_path, self.tokenizer)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto")
-        self.model.to(self.device).eval()
+        # transformers types its @wraps(Module.to) method as unbound
+        self.model.to(self.device).eval()  # pyright: ignore[reportArgumentType]
         self.max_length = getattr(self.model.config, "max_position_embeddings", None)
         self.system = system
         self.temperature = temperature
@@ -85,7 +86,8 @@ class Chat:
             else {"do_sample": False}
         )
         with torch.inference_mode():
-            output = self.model.generate(
+            # transformers' GenerationMixin protocol does not match its own models
+            output = self.model.generate(  # pyright: ignore[reportAttributeAccessIssue]
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 max_new_tokens=self.max_tokens,

@@ -107,8 +107,9 @@ def generate_data_parallel(model: str, pending, output: ResumableOutput, options
         write_rows(shard_prompts, [{**r.columns, "id": r.id, "prompt": r.prompt} for r in shard])
         _seed_done_rows(shard_out, shard, output)
         env = dict(os.environ)
-        if groups[rank] is not None:
-            env["CUDA_VISIBLE_DEVICES"] = groups[rank]
+        group = groups[rank]
+        if group is not None:
+            env["CUDA_VISIBLE_DEVICES"] = group
         cmd = [
             sys.executable, "-m", "pt_rollout.cli", "--quiet", "generate",
             "--model", model, "--prompts", str(shard_prompts), "--out", str(shard_out),

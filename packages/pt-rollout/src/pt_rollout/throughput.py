@@ -40,7 +40,7 @@ class Throughput:
     def advance(self, rows: int, tokens: int) -> None:
         self.rows += rows
         self.tokens += tokens
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:  # both set in __enter__
             self._bar.update(self._task, advance=rows, rates=self.rates())
 
     def set_done(self, rows: int, tokens: int) -> None:

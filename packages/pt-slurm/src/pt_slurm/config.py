@@ -107,10 +107,11 @@ class SlurmConfig(Section):
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    nodes: int = Field(1, gt=0)
-    gpus_per_node: int = Field(0, ge=0)
-    procs_per_node: int | None = Field(None, gt=0)  # ranks per node; default gpus_per_node or 1
-    cpus_per_task: int | None = Field(None, gt=0)  # one task per node, so: CPUs per node
+    nodes: int = Field(default=1, gt=0)
+    gpus_per_node: int = Field(default=0, ge=0)
+    # ranks per node; default gpus_per_node or 1
+    procs_per_node: int | None = Field(default=None, gt=0)
+    cpus_per_task: int | None = Field(default=None, gt=0)  # one task per node, so: CPUs per node
     mem: str | None = None  # per node, e.g. "64G"; "0" asks for all of it
     time: str | None = None  # wall time, e.g. "04:00:00"
     constraint: str | None = None  # node features, e.g. "a100" or "a100&ib"
@@ -123,11 +124,11 @@ class SlurmConfig(Section):
     python_env: str | None = None  # venv (or its bin/) with the pt commands; default: this one
     container: ContainerConfig | None = None
     extra_sbatch: list[str] = Field(default_factory=list)  # e.g. "--reservation=x"
-    signal_seconds: int = Field(120, gt=0, le=65535)
+    signal_seconds: int = Field(default=120, gt=0, le=65535)
     # How long torchrun waits for the other ranks once one has ended before it kills
     # them (TORCH_ELASTIC_SHUTDOWN_TIMEOUT): ranks that save together end together, and
     # after a hang this is what the hung ranks get, not signal_seconds.
-    shutdown_seconds: int = Field(60, gt=0)
+    shutdown_seconds: int = Field(default=60, gt=0)
     # Compute nodes without internet: HF_HUB_OFFLINE=1, so that no rank downloads a
     # model (put it in the HF cache first); false for a stage that must download.
     hf_offline: bool = True
@@ -137,8 +138,8 @@ class SlurmConfig(Section):
     # variables stay as the environment has them (a directory per job would rebuild
     # every extension at every start).
     node_cache: str | None = None
-    max_failures: int = Field(3, gt=0)
-    max_requeues: int = Field(50, ge=0)
+    max_failures: int = Field(default=3, gt=0)
+    max_requeues: int = Field(default=50, ge=0)
     # A file in the run dir that changes when the stage saves progress (pt-train:
     # checkpoints/latest). A requeue asked for while it has not changed since the run
     # started is counted as a failure.

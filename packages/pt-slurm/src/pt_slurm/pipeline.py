@@ -29,9 +29,10 @@ pipeline's, then those of its config file, then its own.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import ConfigDict, Field, field_validator
 
@@ -41,6 +42,8 @@ from pt_slurm.config import STAGES, RunFile, SlurmConfig, check_stage
 from pt_slurm.render import INPUT_KINDS, OPTION_MAPPINGS, OUTPUT_KIND
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+StageKind = Literal["data", "train", "rollout", "eval"]  # the names in STAGES
 
 
 def _plain_name(value: str) -> str:
@@ -52,7 +55,7 @@ def _plain_name(value: str) -> str:
 
 class StageSpec(Section):
     name: str
-    stage: Literal["data", "train", "rollout", "eval"]
+    stage: StageKind
     config: str | None = None  # the stage's config file, relative to the pipeline file
     overrides: list[str] = Field(default_factory=list)
     input: str | None = None  # an earlier stage; unset: the one before, if its result fits
@@ -116,14 +119,18 @@ def stages_of_one_config(config: str | Path, overrides: list[str], kinds: list[s
     pipe = PipelineFile(
         name=run.run_name,
         output_dir=run.output_dir,
-        stages=[StageSpec(name=k, stage=k, config=str(config), overrides=overrides) for k in kinds],
+        # each kind is checked against STAGES above
+        stages=[
+            StageSpec(name=k, stage=cast(StageKind, k), config=str(config), overrides=overrides)
+            for k in kinds
+        ],
     )
     specs = [(spec, Path(config)) for spec in pipe.stages]
     return build_stages(pipe, specs, run.run_dir.absolute(), source=str(config))
 
 
 def build_stages(
-    pipe: PipelineFile, specs: list[tuple[StageSpec, Path | None]], root: Path, *, source: str
+    pipe: PipelineFile, specs: Sequence[tuple[StageSpec, Path | None]], root: Path, *, source: str
 ) -> list[Stage]:
     names = [spec.name for spec, _ in specs]
     if len(set(names)) != len(names):

@@ -20,7 +20,7 @@ import jinja2
 
 from pt_core.contracts import REQUEUE_EXIT_CODE
 from pt_slurm import __version__
-from pt_slurm.config import RunFile, SlurmConfig
+from pt_slurm.config import ContainerConfig, RunFile, SlurmConfig
 
 CONFIG_WORD = "{config}"
 INPUT_WORD = "{input}"
@@ -183,10 +183,10 @@ def launcher_words(launcher: str, slurm: SlurmConfig, bindir: str | None) -> lis
     return []
 
 
-def _paths_to_bind(slurm: SlurmConfig, run_dir: Path, workdir: Path) -> list[str]:
+def _paths_to_bind(container: ContainerConfig, run_dir: Path, workdir: Path) -> list[str]:
     """The run dir and the working dir (same path inside), then the configured binds."""
     out: list[str] = []
-    for bind in [str(run_dir), str(workdir), *slurm.container.binds]:
+    for bind in [str(run_dir), str(workdir), *container.binds]:
         if bind not in out:
             out.append(bind)
     return out
@@ -200,7 +200,7 @@ def container_words(slurm: SlurmConfig, run_dir: Path, workdir: Path) -> list[st
     words = [c.runtime, "exec"]
     if slurm.gpus_per_node and c.gpu != "none":
         words.append(f"--{c.gpu}")
-    words += ["--bind", quote(",".join(_paths_to_bind(slurm, run_dir, workdir)))]
+    words += ["--bind", quote(",".join(_paths_to_bind(c, run_dir, workdir)))]
     if slurm.env_file:
         words += ["--env-file", quote(slurm.env_file)]  # kept under --cleanenv too
     return [*words, *(quote(o) for o in c.options), quote(c.image)]
@@ -211,7 +211,7 @@ def srun_container_words(slurm: SlurmConfig, run_dir: Path, workdir: Path) -> li
     c = slurm.container
     if c is None or c.runtime != "pyxis":
         return []
-    mounts = [b if ":" in b else f"{b}:{b}" for b in _paths_to_bind(slurm, run_dir, workdir)]
+    mounts = [b if ":" in b else f"{b}:{b}" for b in _paths_to_bind(c, run_dir, workdir)]
     image = (
         '--container-image="$PT_IMAGE"'
         if pyxis_import(slurm)
@@ -354,8 +354,9 @@ def setup_items(
         items.append((f"export {key}", f"export {key}={quote(value)}"))
     for line in slurm.setup:
         items.append((line, "{\n" + line + "\n} || pt_setup_failed"))
-    if pyxis_import(slurm):
-        image = slurm.container.image
+    c = slurm.container
+    if c is not None and pyxis_import(slurm):  # pyxis_import needs a container
+        image = c.image
         items.append(
             (
                 f"enroot import docker://{image} (once per job)",

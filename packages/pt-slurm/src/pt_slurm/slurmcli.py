@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TypeGuard
 
 from pt_core.errors import PtError
 
@@ -106,7 +107,7 @@ def live_jobs_running(script: Path) -> list[tuple[str, str]]:
     return jobs
 
 
-def is_active(state: str | None) -> bool:
+def is_active(state: str | None) -> TypeGuard[str]:
     return state in ACTIVE_STATES
 
 

@@ -531,7 +531,8 @@ def follow_logs(
     keep copying until the run is over (a final status, or SLURM no longer runs the job).
     A job that has not started, about which SLURM has not answered for ``wait_seconds``,
     is given up on with an error."""
-    out, err = out or sys.stdout, err or sys.stderr
+    out_stream: TextIO = out or sys.stdout
+    err_stream: TextIO = err or sys.stderr
     out_path, err_path = log_paths(run_dir, job_id)
     offsets = {out_path: 0, err_path: 0}
     unanswered_since: float | None = None
@@ -549,7 +550,7 @@ def follow_logs(
                     f"{waited:.0f} s ({exc.message}); stopped following",
                     hint="follow it again once the controller answers (check with: squeue --me)",
                 ) from None
-        for path, stream in ((out_path, out), (err_path, err)):
+        for path, stream in ((out_path, out_stream), (err_path, err_stream)):
             if path.exists():
                 with open(path, encoding="utf-8", errors="replace") as fh:
                     fh.seek(offsets[path])

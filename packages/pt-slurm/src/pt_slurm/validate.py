@@ -213,10 +213,11 @@ def _validate_flags(stage: str, options: dict[str, Any], *, has_input: bool) -> 
         command.make_context(f"{stage} stage", args)
     except Exception as exc:
         # the usage errors of the click that typer carries (its own copy of click)
-        if not callable(getattr(exc, "format_message", None)):
+        format_message = getattr(exc, "format_message", None)
+        if not callable(format_message):
             raise
         raise ConfigError(
-            f"the {stage}: options do not parse as `{tool}` options: {exc.format_message()}",
+            f"the {stage}: options do not parse as `{tool}` options: {format_message()}",
             hint=f"`{tool} --help` lists its options and their types",
         ) from None
     return f"{stage} options parsed by {tool}"
