@@ -266,12 +266,11 @@ class BackgroundSaver:
         if self._thread.is_alive():
             start = time.perf_counter()
             self._thread.join()
-            if self.env.is_main:
-                log.info(
-                    "waited %.2f s for checkpoint step-%d to be written",
-                    time.perf_counter() - start,
-                    self._step,
-                )
+            log.info(  # rank 0's wait (the pt loggers speak on rank 0)
+                "waited %.2f s for checkpoint step-%d to be written",
+                time.perf_counter() - start,
+                self._step,
+            )
         self._thread = None
         error, self._error = self._error, None
         if error is not None:
@@ -360,12 +359,11 @@ def background_saver(engine, env: DistEnv, run_dir: Path) -> BackgroundSaver | N
     if not isinstance(engine, PlainEngine):
         name = type(engine.checkpoint_engine).__name__
         if name != "TorchCheckpointEngine":
-            if env.is_main:
-                log.warning(
-                    "training.async_save: DeepSpeed's checkpoint engine is %s, which writes "
-                    "in its own way; checkpoints are saved synchronously",
-                    name,
-                )
+            log.warning(
+                "training.async_save: DeepSpeed's checkpoint engine is %s, which writes "
+                "in its own way; checkpoints are saved synchronously",
+                name,
+            )
             return None
     return BackgroundSaver(env, run_dir)
 
