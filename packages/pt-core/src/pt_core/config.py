@@ -17,9 +17,8 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -35,14 +34,6 @@ class Section(BaseModel):
     """Base of every config schema: unknown keys are errors, assignments are validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
-
-
-def defaults(section: type[S]) -> Callable[[], S]:
-    """``section`` itself, for the ``default_factory`` of a key whose default is that
-    section with every key at its default: typed as callable with no arguments, as it is
-    (every key has a default, though one given positionally, ``Field(8, ge=1)``, is not in
-    the signature type checkers derive)."""
-    return cast("Callable[[], S]", section)
 
 
 # --------------------------------------------------------------------------- YAML with lines

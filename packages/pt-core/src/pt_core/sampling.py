@@ -31,10 +31,10 @@ def seeding_value(value: str) -> str:
 
 
 class SamplingConfig(Section):
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    max_tokens: int = Field(default=256, ge=1)
     seed: int = 0
     seeding: Seeding = "per_sample"
 

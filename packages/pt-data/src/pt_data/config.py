@@ -44,22 +44,22 @@ class DatasetSpec(Section):
         description="a local file, directory or glob (jsonl, json, parquet, csv), a directory "
         "written by datasets' save_to_disk, or a Hugging Face dataset name"
     )
-    subset: str | None = Field(None, description="hub dataset configuration (its 'name')")
+    subset: str | None = Field(default=None, description="hub dataset configuration (its 'name')")
     split: str = "train"
     revision: str | None = None
     data_files: str | list[str] | None = None
-    label: str | None = Field(None, description="name used in per-source stats and rows")
+    label: str | None = Field(default=None, description="name used in per-source stats and rows")
     transform: str | TransformSpec = "messages"
     columns: dict[str, str] = Field(
         default_factory=dict, description="rename raw columns before the transform: {old: new}"
     )
     weight: float = Field(
-        1.0,
+        default=1.0,
         ge=0,
         description="sampling factor: each row is emitted floor(w) times, plus once more "
         "with probability w - floor(w)",
     )
-    max_rows: int | None = Field(None, ge=1, description="read at most this many raw rows")
+    max_rows: int | None = Field(default=None, ge=1, description="read at most this many raw rows")
 
     @property
     def transform_name(self) -> str:
@@ -84,7 +84,7 @@ class TokenizerSpec(Section):
     chat_template: str | None = Field(
         None, description="None: the tokenizer's own; a name (chatml, plain); a .jinja file"
     )
-    max_seq_length: int = Field(2048, ge=8)
+    max_seq_length: int = Field(default=2048, ge=8)
     max_prompt_length: int | None = Field(
         None, ge=1, description="preferences: drop pairs whose prompt has more tokens"
     )
@@ -93,7 +93,7 @@ class TokenizerSpec(Section):
     )
     packing: bool = True
     truncate: bool = Field(
-        False,
+        default=False,
         description="false: drop over-long sequences or pairs; true: keep the head of a "
         "sequence, of a pair's answers",
     )
@@ -109,23 +109,25 @@ class FilterSpec(Section):
 class DataConfig(Section):
     datasets: list[DatasetSpec] = Field(min_length=1)
     output_dir: str | None = None
-    output: str | None = Field(None, description="alias of output_dir")
+    output: str | None = Field(default=None, description="alias of output_dir")
     format: Literal["tokenized", "conversations", "prompts", "preferences"] | None = Field(
         None, description="None: tokenized when a tokenizer is given, else the transforms' kind"
     )
     seed: int = 0
-    shuffle: bool = Field(True, description="shuffle rows (within chunks of chunk_rows)")
-    validation_split: float = Field(0.0, ge=0, lt=1)
+    shuffle: bool = Field(default=True, description="shuffle rows (within chunks of chunk_rows)")
+    validation_split: float = Field(default=0.0, ge=0, lt=1)
     dedup: Literal["prompt", "row", "none"] = Field(
         "prompt", description="drop rows whose prompt (or whole row) was seen before"
     )
     filters: FilterSpec = Field(default_factory=FilterSpec)
     tokenizer: TokenizerSpec | None = None
-    shard_rows: int = Field(100_000, ge=1, description="rows per parquet shard")
+    shard_rows: int = Field(default=100_000, ge=1, description="rows per parquet shard")
     chunk_rows: int = Field(
         200_000, ge=1, description="rows shuffled, tokenized and packed together in memory"
     )
-    num_proc: int | None = Field(None, ge=1, description="tokenizer processes (default: all CPUs)")
+    num_proc: int | None = Field(
+        default=None, ge=1, description="tokenizer processes (default: all CPUs)"
+    )
     skip_bad: bool = False
 
     @field_validator("dedup", mode="before")

@@ -31,8 +31,8 @@ class AlarmTripped(RunFailure):
 
 
 class Bound(Section):
-    above: float | None = Field(None, description="stop when the figure is above this")
-    below: float | None = Field(None, description="stop when the figure is below this")
+    above: float | None = Field(default=None, description="stop when the figure is above this")
+    below: float | None = Field(default=None, description="stop when the figure is below this")
 
     @model_validator(mode="after")
     def _one_side_at_least(self):

@@ -23,7 +23,7 @@ from typing import Any, Literal, cast
 
 from pydantic import Field, field_validator, model_validator
 
-from pt_core.config import Section, changed_keys, defaults, load_config
+from pt_core.config import Section, changed_keys, load_config
 from pt_core.errors import ConfigError
 from pt_core.log import get_logger
 from pt_core.sampling import SamplingConfig
@@ -40,25 +40,25 @@ class ModelInit(Section):
 
     architecture: Literal["llama"] = "llama"
     tokenizer: str
-    hidden_size: int = Field(128, gt=0)
-    num_layers: int = Field(2, gt=0)
-    num_heads: int = Field(2, gt=0)
-    num_kv_heads: int | None = Field(None, gt=0)
-    intermediate_size: int | None = Field(None, gt=0)
-    max_position_embeddings: int = Field(2048, gt=0)
+    hidden_size: int = Field(default=128, gt=0)
+    num_layers: int = Field(default=2, gt=0)
+    num_heads: int = Field(default=2, gt=0)
+    num_kv_heads: int | None = Field(default=None, gt=0)
+    intermediate_size: int | None = Field(default=None, gt=0)
+    max_position_embeddings: int = Field(default=2048, gt=0)
     tie_word_embeddings: bool = False
     # The embedding rows; None: the tokenizer's length. Larger values leave rows unused
     # (to shape a model like one with a bigger vocabulary).
-    vocab_size: int | None = Field(None, gt=0)
+    vocab_size: int | None = Field(default=None, gt=0)
 
 
 class LoraSection(Section):
     """LoRA adapters (Hu et al. 2021, arXiv:2106.09685) on the policy, with peft: only the
     adapters train, the base weights stay frozen (see :mod:`pt_train.lora`)."""
 
-    r: int = Field(16, gt=0)  # rank of each adapter
-    alpha: float = Field(32.0, gt=0)  # the update is scaled by alpha / r
-    dropout: float = Field(0.0, ge=0, lt=1)  # on the adapters' input, while training
+    r: int = Field(default=16, gt=0)  # rank of each adapter
+    alpha: float = Field(default=32.0, gt=0)  # the update is scaled by alpha / r
+    dropout: float = Field(default=0.0, ge=0, lt=1)  # on the adapters' input, while training
     # Names (or name suffixes) of the linear layers that get an adapter; "all-linear": every
     # linear layer but the LM head.
     target_modules: list[str] = Field(
@@ -146,7 +146,7 @@ class DataConfig(Section):
     shuffle: bool = True
     # Rows of at most this many tokens: conversations are tokenized (and packed) to it here
     # with pt-data's code, and the sequences of preference pairs are packed into rows of it.
-    max_seq_length: int = Field(2048, gt=0)
+    max_seq_length: int = Field(default=2048, gt=0)
     # Rollouts (OPD, GRPO): consecutive samples of one prompt (a GRPO group) train in rows
     # that hold the prompt once, of at most max_seq_length tokens; sdpa and eager attention
     # (flash_attention_2 packs sequences instead).
@@ -163,51 +163,53 @@ class DataConfig(Section):
     # dropping it (see docs/pt-data.md).
     truncate: bool = False
     # Used only when the data are preference rows that are not tokenized:
-    max_prompt_length: int | None = Field(None, gt=0)
-    max_completion_length: int | None = Field(None, gt=0)
+    max_prompt_length: int | None = Field(default=None, gt=0)
+    max_completion_length: int | None = Field(default=None, gt=0)
 
 
 LENGTH_KEYS = ("max_steps", "num_epochs", "num_training_samples", "num_training_tokens")
 
 
 class TrainingConfig(Section):
-    learning_rate: float = Field(1e-5, ge=0)
+    learning_rate: float = Field(default=1e-5, ge=0)
     lr_schedule: Literal["cosine", "constant", "linear"] = "cosine"
-    warmup_ratio: float = Field(0.0, ge=0, le=1)
-    warmup_steps: int | None = Field(None, ge=0)
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
-    weight_decay: float = Field(0.0, ge=0)
+    warmup_ratio: float = Field(default=0.0, ge=0, le=1)
+    warmup_steps: int | None = Field(default=None, ge=0)
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    weight_decay: float = Field(default=0.0, ge=0)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
-    max_grad_norm: float = Field(1.0, ge=0)  # 0 turns clipping off
+    max_grad_norm: float = Field(default=1.0, ge=0)  # 0 turns clipping off
     seed: int = 0
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    global_batch_size: int = Field(8, gt=0)  # rows (packed sequences) per optimizer step
-    micro_batch_size: int = Field(1, gt=0)  # rows per forward pass on one rank
-    max_steps: int | None = Field(None, gt=0)
-    num_epochs: float | None = Field(None, gt=0)
-    num_training_samples: int | None = Field(None, gt=0)
-    num_training_tokens: int | None = Field(None, gt=0)
-    save_steps: int | None = Field(None, gt=0)  # full checkpoints; one is always saved at the end
-    save_total_limit: int = Field(2, gt=0)
+    global_batch_size: int = Field(default=8, gt=0)  # rows (packed sequences) per optimizer step
+    micro_batch_size: int = Field(default=1, gt=0)  # rows per forward pass on one rank
+    max_steps: int | None = Field(default=None, gt=0)
+    num_epochs: float | None = Field(default=None, gt=0)
+    num_training_samples: int | None = Field(default=None, gt=0)
+    num_training_tokens: int | None = Field(default=None, gt=0)
+    save_steps: int | None = Field(
+        default=None, gt=0
+    )  # full checkpoints; one is always saved at the end
+    save_total_limit: int = Field(default=2, gt=0)
     inference_steps: int | None = Field(
-        None, gt=0
+        default=None, gt=0
     )  # HF checkpoints; one is always saved at the end
-    logging_steps: int = Field(1, gt=0)
-    max_consecutive_nan: int = Field(5, gt=0)
+    logging_steps: int = Field(default=1, gt=0)
+    max_consecutive_nan: int = Field(default=5, gt=0)
     # The LM head runs on this many MiB of fp32 logits at a time (pt_train.logprobs).
-    logits_chunk_mb: int = Field(256, gt=0)
+    logits_chunk_mb: int = Field(default=256, gt=0)
     # Full checkpoints copied to CPU memory on the training thread and written by a
     # background thread (pt_train.checkpoint.BackgroundSaver).
     async_save: bool = False
     # The hang watchdog (pt_train.watchdog): minutes without a completed optimizer step
     # (and the save after it) before every rank dumps its Python stacks into RUN_DIR/hang/
     # and exits 86; null turns it off.
-    watchdog_minutes: float | None = Field(None, gt=0)
+    watchdog_minutes: float | None = Field(default=None, gt=0)
     # The window of the first step, from the start (process group, model load, DeepSpeed
     # set-up, resume) to the end of step 1; watchdog_minutes where that is longer.
-    watchdog_first_step_minutes: float = Field(30.0, gt=0)
+    watchdog_first_step_minutes: float = Field(default=30.0, gt=0)
     # Bounds on logged figures that stop the run (pt_train.alarms), e.g.
     # {rollout_kl: {above: 0.05}, entropy: {below: 0.05}}.
     alarms: dict[str, Bound] = Field(default_factory=dict)
@@ -254,19 +256,19 @@ class RolloutConfig(SamplingConfig):
     id_key: str = "id"
     template: bool = True
     system: str | None = None
-    samples_per_prompt: int = Field(1, ge=1)  # GRPO's group size
-    prompts_per_round: int | None = Field(None, ge=1)  # default: from the global batch
-    updates_per_round: int = Field(1, ge=1)  # mini-batches a round's rows are split into
+    samples_per_prompt: int = Field(default=1, ge=1)  # GRPO's group size
+    prompts_per_round: int | None = Field(default=None, ge=1)  # default: from the global batch
+    updates_per_round: int = Field(default=1, ge=1)  # mini-batches a round's rows are split into
     # passes over a round's rows (PPO's epochs, TRL's num_iterations): a round trains
     # updates_per_round x epochs_per_round optimizer steps, each pass in the same order
-    epochs_per_round: int = Field(1, ge=1)
+    epochs_per_round: int = Field(default=1, ge=1)
     stop: list[str] = Field(default_factory=list)
     # sync: generate round k with the weights after round k-1 (staleness 0); step_off: round
     # k+N is generated while round k trains; async: the generator runs ahead as far as
     # max_staleness allows.
     schedule: Literal["sync", "step_off", "async"] = "sync"
-    step_off: int = Field(1, ge=1)
-    max_staleness: int = Field(1, ge=0)  # optimizer updates, async only
+    step_off: int = Field(default=1, ge=1)
+    max_staleness: int = Field(default=1, ge=0)  # optimizer updates, async only
     stale: Literal["drop", "keep"] = "drop"  # async: a round older than the bound
     # async, vLLM server: new weights reach a generation already running, between two of its
     # steps, instead of waiting for it to end; each token records its weight version
@@ -283,9 +285,9 @@ class RolloutConfig(SamplingConfig):
     python: str | None = None  # the generator process's interpreter (e.g. .venv-vllm/bin/python)
     # generator processes (server only): each round is split among them, and one that ends
     # has its share generated by another
-    servers: int = Field(1, ge=1)
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    max_model_len: int | None = Field(None, gt=0)
+    servers: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _check(self):
@@ -338,8 +340,8 @@ class GenerateEvalConfig(SamplingConfig):
 
     prompts: str | None = None  # prompt rows with a gold answer column
     split: str | None = None  # of a dataset directory (default: test if present, else train)
-    max_prompts: int = Field(200, ge=1)
-    temperature: float = Field(0.0, ge=0)
+    max_prompts: int = Field(default=200, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
     answer_key: str = "answer"
     template: bool = True
     system: str | None = None
@@ -348,14 +350,14 @@ class GenerateEvalConfig(SamplingConfig):
 class EvalConfig(Section):
     """Evaluation every ``steps`` optimizer steps (and after the last); see pt_train.evaluate."""
 
-    steps: int | None = Field(None, ge=1)
+    steps: int | None = Field(default=None, ge=1)
     split: str = "validation"
-    max_rows: int | None = Field(None, ge=1)
-    generate: GenerateEvalConfig = Field(default_factory=defaults(GenerateEvalConfig))
+    max_rows: int | None = Field(default=None, ge=1)
+    generate: GenerateEvalConfig = Field(default_factory=GenerateEvalConfig)
 
 
 class LauncherConfig(Section):
-    nproc: int = Field(1, gt=0)  # >1: pt-train starts this many local ranks itself
+    nproc: int = Field(default=1, gt=0)  # >1: pt-train starts this many local ranks itself
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: nccl on GPU, gloo on CPU
     master_port: int | None = None
 
@@ -399,14 +401,14 @@ class TrainConfig(Section):
     run_name: str
     output_dir: str = "runs"
     model: ModelConfig
-    data: DataConfig = Field(default_factory=defaults(DataConfig))
+    data: DataConfig = Field(default_factory=DataConfig)
     objective: ObjectiveConfig = Field(default_factory=SFTConfig)
     training: TrainingConfig
     deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
-    rollout: RolloutConfig = Field(default_factory=defaults(RolloutConfig))
-    reward: RewardConfig = Field(default_factory=defaults(RewardConfig))
-    eval: EvalConfig = Field(default_factory=defaults(EvalConfig))
-    launcher: LauncherConfig = Field(default_factory=defaults(LauncherConfig))
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     slurm: dict[str, Any] = Field(default_factory=dict)  # pt-slurm reads it; pt-train ignores it
 

@@ -42,8 +42,8 @@ class RewardConfig(Section):
     format_reward: float = 0.0
     function: str | None = None  # "module:function": rows -> one float per row
     function_weight: float | None = None
-    timeout: float = Field(5.0, gt=0)
-    workers: int | None = Field(None, ge=1)
+    timeout: float = Field(default=5.0, gt=0)
+    workers: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _check(self):

@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
-from pt_core.config import Section, defaults
+from pt_core.config import Section
 from pt_train.objectives.base import LossOutput, Needs, Objective, mean_metric
 from pt_train.objectives.dft import dft_loss
 from pt_train.objectives.reference import ReferenceConfig
@@ -32,9 +32,9 @@ from pt_train.objectives.reference import ReferenceConfig
 
 class ASFTConfig(Section):
     name: Literal["asft"] = "asft"
-    kl_coef: float = Field(0.1, ge=0)  # the authors' train.sh default
+    kl_coef: float = Field(default=0.1, ge=0)  # the authors' train.sh default
     kl_direction: Literal["forward", "reverse"] = "forward"
-    reference: ReferenceConfig = Field(default_factory=defaults(ReferenceConfig))
+    reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
 
     @model_validator(mode="after")
     def _check(self):

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, field_validator, model_validator
 
-from pt_core.config import Section, defaults
+from pt_core.config import Section
 from pt_train.objectives.base import (
     LossOutput,
     Needs,
@@ -69,14 +69,14 @@ LENGTH_NORMALISED = ("ipo", "simpo")
 
 class DPOConfig(Section):
     name: Literal["dpo"] = "dpo"
-    beta: float = Field(0.1, gt=0)
+    beta: float = Field(default=0.1, gt=0)
     # one loss type, or several mixed by loss_weights (a string is read as a list of one)
     loss_type: list[LossType] = Field(default_factory=lambda: ["sigmoid"])
     loss_weights: list[float] | None = None
-    label_smoothing: float = Field(0.0, ge=0, lt=0.5)
-    rpo_alpha: float | None = Field(None, ge=0)
+    label_smoothing: float = Field(default=0.0, ge=0, lt=0.5)
+    rpo_alpha: float | None = Field(default=None, ge=0)
     simpo_gamma: float = 0.5
-    reference: ReferenceConfig = Field(default_factory=defaults(ReferenceConfig))
+    reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
 
     @field_validator("loss_type", mode="before")
     @classmethod

@@ -83,7 +83,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from pt_core.config import Section, defaults
+from pt_core.config import Section
 from pt_core.errors import ConfigError
 from pt_train.objectives.base import (
     LossOutput,
@@ -98,21 +98,21 @@ STD_EPS = 1e-4
 
 
 class OverlongConfig(Section):
-    buffer: int = Field(0, ge=0)  # 0: no shaping
-    penalty: float = Field(1.0, ge=0)
+    buffer: int = Field(default=0, ge=0)  # 0: no shaping
+    penalty: float = Field(default=1.0, ge=0)
 
 
 class DynamicSamplingConfig(Section):
     enabled: bool = False
-    max_tries: int = Field(3, ge=1)
+    max_tries: int = Field(default=3, ge=1)
 
 
 class RolloutCorrectionConfig(Section):
     level: Literal["token", "sequence", "geometric", "none"] = "token"
     mode: Literal["truncate", "mask"] = "truncate"
-    cap: float = Field(2.0, gt=0)  # truncate
-    low: float = Field(0.5, ge=0)  # mask
-    high: float = Field(2.0, gt=0)  # mask
+    cap: float = Field(default=2.0, gt=0)  # truncate
+    low: float = Field(default=0.5, ge=0)  # mask
+    high: float = Field(default=2.0, gt=0)  # mask
 
     @model_validator(mode="after")
     def _check(self):
@@ -136,21 +136,19 @@ class RolloutCorrectionConfig(Section):
 
 class GRPOConfig(Section):
     name: Literal["grpo"] = "grpo"
-    epsilon_low: float = Field(0.2, ge=0, lt=1)
-    epsilon_high: float = Field(0.28, ge=0)
-    dual_clip: float | None = Field(None, gt=1)
+    epsilon_low: float = Field(default=0.2, ge=0, lt=1)
+    epsilon_high: float = Field(default=0.28, ge=0)
+    dual_clip: float | None = Field(default=None, gt=1)
     policy_loss: Literal["clip", "cispo"] = "clip"
-    beta: float = Field(0.0, ge=0)
+    beta: float = Field(default=0.0, ge=0)
     kl_estimator: Literal["k1", "k3"] = "k3"
     aggregation: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
     scale_rewards: Literal["group", "batch", "none"] = "group"
     ratio_level: Literal["token", "sequence"] = "token"
-    rollout_correction: RolloutCorrectionConfig = Field(
-        default_factory=defaults(RolloutCorrectionConfig)
-    )
-    overlong: OverlongConfig = Field(default_factory=defaults(OverlongConfig))
-    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=defaults(DynamicSamplingConfig))
-    reference: ReferenceConfig = Field(default_factory=defaults(ReferenceConfig))
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig)
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
 
     @model_validator(mode="after")
     def _check(self):

@@ -41,7 +41,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from pt_core.config import Section, defaults
+from pt_core.config import Section
 from pt_train.objectives.base import (
     LossOutput,
     Needs,
@@ -54,11 +54,11 @@ from pt_train.objectives.reference import ReferenceConfig
 
 class KTOConfig(Section):
     name: Literal["kto"] = "kto"
-    beta: float = Field(0.1, gt=0)
-    desirable_weight: float = Field(1.0, gt=0)
-    undesirable_weight: float = Field(1.0, gt=0)
+    beta: float = Field(default=0.1, gt=0)
+    desirable_weight: float = Field(default=1.0, gt=0)
+    undesirable_weight: float = Field(default=1.0, gt=0)
     kl: Literal["batch", "none"] = "batch"
-    reference: ReferenceConfig = Field(default_factory=defaults(ReferenceConfig))
+    reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
 
 
 def kto_loss(

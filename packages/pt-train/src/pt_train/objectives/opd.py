@@ -107,7 +107,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from pt_core.config import Section, defaults
+from pt_core.config import Section
 from pt_core.errors import ConfigError
 from pt_train.objectives.base import (
     LossOutput,
@@ -130,7 +130,7 @@ class TeacherConfig(Section):
     error where the lists are shorter), else the whole list."""
 
     path: str | None = None
-    top_k: int = Field(8, ge=1)
+    top_k: int = Field(default=8, ge=1)
     dtype: str | None = None
 
 
@@ -141,13 +141,13 @@ class OPDConfig(Section):
     )
     support: Literal["teacher_topk", "student_topk", "full"] = "teacher_topk"
     renormalize: bool = False
-    alpha: float = Field(0.5, ge=0, le=1)
-    beta: float = Field(0.5, gt=0, lt=1)
-    clip_epsilon: float = Field(0.2, gt=0)
+    alpha: float = Field(default=0.5, ge=0, le=1)
+    beta: float = Field(default=0.5, gt=0, lt=1)
+    clip_epsilon: float = Field(default=0.2, gt=0)
     importance_ratio: bool = True
     advantage: Literal["rollout", "online"] = "rollout"
-    reward_weight: float = Field(0.0, ge=0)
-    teacher: TeacherConfig = Field(default_factory=defaults(TeacherConfig))
+    reward_weight: float = Field(default=0.0, ge=0)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
 
     @model_validator(mode="after")
     def _check(self):

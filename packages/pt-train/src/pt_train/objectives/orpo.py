@@ -43,7 +43,7 @@ from pt_train.objectives.base import (
 
 class ORPOConfig(Section):
     name: Literal["orpo"] = "orpo"
-    beta: float = Field(0.1, gt=0)
+    beta: float = Field(default=0.1, gt=0)
 
 
 def log_odds(mean_logps: torch.Tensor) -> torch.Tensor:

@@ -16,4 +16,4 @@ class ReferenceConfig(Section):
 
     path: str | None = None
     precompute: bool = False
-    dtype: str | None = Field(None, description="None: the policy's dtype")
+    dtype: str | None = Field(default=None, description="None: the policy's dtype")
