@@ -240,3 +240,33 @@ def test_grpo_rounds_from_a_colocated_vllm_under_zero3_sample_the_policy(tmp_pat
     assert [m["round"] for m in metrics] == [0, 1]
     assert all(m["rollout_kl"] < 1e-6 for m in metrics), [m["rollout_kl"] for m in metrics]
     assert all(m["weight_push_s"] > 0 for m in metrics), metrics
+
+
+@pytest.mark.vllm
+def test_grpo_rounds_from_a_vllm_process_given_weights_over_gloo_sample_the_policy(
+    tmp_path, qwen2_model_dir
+):
+    """The same two rounds with the generator process given the update with vLLM's
+    weight-transfer API over gloo (pt-train of the environment that has vLLM): the tied
+    head is left out of the broadcast (its embedding's duplicate, 151,665 rows), so
+    round 2's log-probs are the trained policy's (rollout_kl at rounding level) only if
+    the process's head follows the broadcast embedding."""
+    import os
+    import subprocess
+
+    import yaml
+
+    require_vllm_env()
+    cfg = grpo_world(tmp_path, qwen2_model_dir, "server")
+    cfg["rollout"]["weight_transfer"] = "gloo"
+    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(cfg))
+    done = subprocess.run(
+        [str(VLLM_PYTHON.with_name("pt-train")), "run", str(tmp_path / "grpo.yaml")],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    metrics = read_metrics(tmp_path / "runs" / "grpo")
+    assert [m["round"] for m in metrics] == [0, 1]
+    assert all(m["rollout_kl"] < 1e-6 for m in metrics), [m["rollout_kl"] for m in metrics]
+    assert metrics[1]["weight_load_s"] > 0

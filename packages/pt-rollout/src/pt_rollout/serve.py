@@ -11,6 +11,12 @@ order:
   ``score``, the teacher's log-probs of them), with the weight ``version`` that made them;
 - ``{"op": "load_weights", "path": dir, "version": v}`` -> the engine loads the
   checkpoint directory ``dir`` in place (no restart) and later completions carry ``v``;
+- with ``--weight-transfer BACKEND`` (vLLM engine), vLLM's weight-transfer handshake
+  (:mod:`pt_rollout.weight_transfer`): ``{"op": "init_weight_transfer", "init_info":
+  {...}}`` once, then per push ``{"op": "start_weight_update"}``, ``{"op":
+  "update_weights", "update_info": {...}}`` (answered once the trainer's broadcast is
+  in) and ``{"op": "finish_weight_update", "version": v}`` -> later completions carry
+  ``v``;
 - ``{"op": "close"}``.
 
 Only plain Python values cross the socket (lists, dicts, numbers), so the two sides need
@@ -51,6 +57,8 @@ from pt_core.log import get_logger
 log = get_logger(__name__)
 
 READY = "PT-SERVE-READY"
+TRANSFER_OPS = ("init_weight_transfer", "start_weight_update", "update_weights",
+                "finish_weight_update")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- server
@@ -77,6 +85,7 @@ def serve(args) -> None:
         logprobs_mode=args.logprobs_mode,
         hf_decoder=args.decoder,
         in_flight=args.in_flight,
+        weight_transfer=args.weight_transfer,
     )
     teacher = None
     if args.teacher:
@@ -90,6 +99,26 @@ def serve(args) -> None:
         )
     version = args.version
     later: collections.deque = collections.deque()  # read during a generation, not yet due
+    push_started = 0.0  # of the weight-transfer push under way
+
+    def transfer(message: dict) -> dict:
+        """One call of vLLM's weight-transfer handshake; the reply's fields."""
+        nonlocal version, push_started
+        assert isinstance(generator, VLLMEngine)  # load_engine's check of --weight-transfer
+        op = message["op"]
+        if op == "init_weight_transfer":
+            generator.init_weight_transfer(message["init_info"])
+            return {}
+        if op == "start_weight_update":
+            push_started = time.perf_counter()
+            generator.start_weight_update()
+            return {}
+        if op == "update_weights":
+            generator.update_weights(message["update_info"])
+            return {}
+        generator.finish_weight_update()
+        version = message["version"]
+        return {"version": version, "seconds": time.perf_counter() - push_started}
 
     def load(conn, message: dict) -> None:
         nonlocal version
@@ -139,7 +168,14 @@ def serve(args) -> None:
                     load(conn, message)
                     continue
                 try:
-                    if op == "generate":
+                    if op in TRANSFER_OPS:
+                        if not args.weight_transfer:
+                            raise ValueError(
+                                f"{op}: this generator process was started without "
+                                "--weight-transfer"
+                            )
+                        reply = transfer(message)
+                    elif op == "generate":
                         start = time.perf_counter()
                         params = SamplingParams(**message["params"])
                         requests = [Request(list(ids), seed) for ids, seed in message["requests"]]
@@ -201,6 +237,7 @@ def main() -> None:
     parser.add_argument("--logprobs-mode", default="raw")
     parser.add_argument("--decoder", default="auto")
     parser.add_argument("--in-flight", action="store_true")
+    parser.add_argument("--weight-transfer", default=None, choices=("gloo",))
     serve(parser.parse_args())
 
 
@@ -227,8 +264,11 @@ class RemoteGenerator:
         logprobs_mode: str = "raw",
         decoder: str = "auto",
         in_flight: bool = False,
+        weight_transfer: str | None = None,
         start_timeout: float = 900.0,
     ):
+        """``weight_transfer``: a backend of :mod:`pt_rollout.weight_transfer` (``gloo``)
+        for :meth:`submit_push`, which then needs vLLM in this process too."""
         from multiprocessing.connection import Client
 
         self._dir = Path(tempfile.mkdtemp(prefix="pt-serve-"))
@@ -248,6 +288,13 @@ class RemoteGenerator:
             cmd += ["--max-model-len", str(max_model_len)]
         if in_flight:
             cmd.append("--in-flight")
+        if weight_transfer:
+            cmd += ["--weight-transfer", weight_transfer]
+        self.weight_transfer = weight_transfer
+        self._transfer = None  # the trainer's weight-transfer engine, from the first push
+        self._push_thread: threading.Thread | None = None
+        self._held: list[dict] | None = None  # messages queued while a push is on its way
+        self._lock = threading.Lock()  # one sender on the socket at a time
         env = {**os.environ, "PT_SERVE_AUTHKEY": authkey.hex()}
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=sys.stderr.fileno(), env=env, text=True
@@ -286,13 +333,96 @@ class RemoteGenerator:
                 self._replies[reply["key"]] = reply
                 self._cond.notify_all()
 
-    def _send(self, message: dict) -> int:
+    def _send(self, message: dict, *, now: bool = False) -> int:
+        """Send ``message`` with a new key, or, while a push is on its way, queue it to
+        follow the push (``now``: the push's own messages)."""
         if self.conn is None:
             raise PtError("the generator process was closed")
-        key = self._next_key
-        self._next_key += 1
-        self.conn.send({**message, "key": key})
+        with self._lock:
+            key = self._next_key
+            self._next_key += 1
+            if self._held is not None and not now:
+                self._held.append({**message, "key": key})
+            else:
+                self.conn.send({**message, "key": key})
         return key
+
+    def submit_push(self, weights: list, version: int) -> int:
+        """Send the ``(name, tensor)`` pairs ``weights`` (checkpoint names) with vLLM's
+        weight-transfer API, as version ``version``; returns the key to :meth:`wait` on,
+        answered like a ``load_weights``. The push runs in a thread of its own: it
+        starts when the process has answered what was sent before, so ``weights`` must
+        not change until it is answered (the caller's copy), and what is sent after this
+        call follows it, as after a ``load_weights``. One push at a time: a second waits
+        for the first to be sent."""
+        if not self.weight_transfer:
+            raise PtError("this generator process was started without a weight-transfer backend")
+        self._join_push()
+        with self._lock:
+            key = self._next_key
+            self._next_key += 1
+            self._held = []
+        self._push_thread = threading.Thread(
+            target=self._push, args=(key, weights, version), daemon=True
+        )
+        self._push_thread.start()
+        return key
+
+    def _push(self, key: int, weights: list, version: int) -> None:
+        reply: dict = {"key": key, "op": "push"}
+        try:
+            if self._transfer is None:
+                self._transfer = self._open_transfer()
+            source = self._transfer.source
+            source.pairs = weights
+            self._push_version = version
+            self._push_reply: dict = {}
+            try:
+                self._transfer.send_weights()
+            finally:
+                source.pairs = []
+            reply.update(self._push_reply)
+        except Exception as exc:  # raised by wait(key), in the caller's thread
+            reply["error"] = f"weight transfer: {type(exc).__name__}: {exc}"
+        finally:
+            with self._lock:
+                held, self._held = self._held or [], None
+                with contextlib.suppress(OSError):  # the process ended: the caller sees it
+                    for message in held:
+                        if self.conn is not None:
+                            self.conn.send(message)
+            with self._cond:
+                self._replies[key] = reply
+                self._cond.notify_all()
+
+    def _open_transfer(self):
+        """The trainer's engine for this process's backend, met with its workers."""
+        from vllm.distributed.weight_transfer.factory import (  # pyright: ignore[reportMissingImports]
+            WeightTransferTrainerFactory,
+        )
+
+        from pt_rollout.weight_transfer import (
+            PairsSource,
+            open_port,
+            register,
+            trainer_init_info,
+        )
+
+        register()
+        assert self.weight_transfer is not None  # submit_push's check
+        host = "127.0.0.1"  # the process runs on this machine
+        info = trainer_init_info(
+            self.weight_transfer, host=host, port=open_port(host), world_size=2
+        )
+        return WeightTransferTrainerFactory.trainer_init(
+            info, client=_TransferClient(self), source=PairsSource()
+        )
+
+    def _join_push(self) -> None:
+        thread = self._push_thread
+        if thread is not None:
+            thread.join()
+            self._push_thread = None
 
     def submit_generate(self, requests, params: dict, score: dict | None = None) -> int:
         """Queue a generation; returns the key to :meth:`wait` on."""
@@ -336,6 +466,9 @@ class RemoteGenerator:
         return reply
 
     def close(self) -> None:
+        thread = getattr(self, "_push_thread", None)
+        if thread is not None and self.proc.poll() is None:
+            thread.join(timeout=60)
         conn = getattr(self, "conn", None)
         if conn is not None:
             with contextlib.suppress(OSError):  # the process may have ended already
@@ -356,6 +489,33 @@ class RemoteGenerator:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _TransferClient:
+    """vLLM's weight-sync client (``VLLMWeightSyncClient``: the four calls of its
+    handshake) over a :class:`RemoteGenerator`'s socket, each call answered before it
+    returns. Used from a push's thread only."""
+
+    def __init__(self, generator: RemoteGenerator):
+        self.generator = generator
+
+    def _call(self, message: dict) -> dict:
+        generator = self.generator
+        return generator.wait(generator._send(message, now=True))
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self._call({"op": "init_weight_transfer", "init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self._call({"op": "start_weight_update"})
+
+    def update_weights(self, update_info) -> None:
+        self._call({"op": "update_weights", "update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        generator = self.generator
+        reply = self._call({"op": "finish_weight_update", "version": generator._push_version})
+        generator._push_reply = {"version": reply["version"], "seconds": reply["seconds"]}
 
 
 class GeneratorPool:
@@ -427,6 +587,18 @@ class GeneratorPool:
 
     def submit_load_weights(self, path: str, version: int) -> int:
         """Queue the checkpoint ``path`` on every live process."""
+        return self._to_every_process(
+            lambda generator: generator.submit_load_weights(path, version), version
+        )
+
+    def submit_push(self, weights: list, version: int) -> int:
+        """Push ``weights`` to every live process through vLLM's weight-transfer API
+        (:meth:`RemoteGenerator.submit_push`: each in a thread of its own, so at once)."""
+        return self._to_every_process(
+            lambda generator: generator.submit_push(weights, version), version
+        )
+
+    def _to_every_process(self, submit, version: int) -> int:
         self._check()
         key = self._new_key()
         job = {"op": "load_weights", "version": version, "keys": {}}
@@ -434,7 +606,7 @@ class GeneratorPool:
         ended = []
         for index in list(self._generators):
             try:
-                job["keys"][index] = self._generators[index].submit_load_weights(path, version)
+                job["keys"][index] = submit(self._generators[index])
             except OSError:  # its socket is closed: it ended
                 ended.append(index)
         # Every live process has the push queued before a shard is re-sent to one.

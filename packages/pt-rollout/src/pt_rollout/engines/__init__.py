@@ -58,15 +58,24 @@ def load_engine(
     logprobs_mode: str = "raw",
     hf_decoder: str = "auto",
     in_flight: bool = False,
+    weight_transfer: str | None = None,
 ) -> Engine:
     """Build an engine by name (``auto``, ``vllm`` or ``hf``) for the model at ``model``;
     ``hf_decoder`` is the HF engine's decoder (``auto``, ``lean``, ``hf``); ``in_flight``:
-    weights can be loaded between two steps of a generation (the vLLM engine only)."""
+    weights can be loaded between two steps of a generation (the vLLM engine only);
+    ``weight_transfer``: a backend of :mod:`pt_rollout.weight_transfer` the engine takes
+    new weights by (the vLLM engine only)."""
     name = resolve_engine(name)
     if in_flight and name != "vllm":
         raise ConfigError(
             f"in-flight weight updates need the vLLM engine, not {name}",
             hint="use the vllm engine, or turn in-flight updates off",
+        )
+    if weight_transfer and name != "vllm":
+        raise ConfigError(
+            f"weight transfer ({weight_transfer}) is vLLM's API: the {name} engine loads "
+            "new weights from files",
+            hint="use the vllm engine, or load weights from files",
         )
     if name == "vllm":
         from pt_rollout.engines.vllm import VLLMEngine
@@ -81,6 +90,7 @@ def load_engine(
             max_logprobs=max_logprobs,
             logprobs_mode=logprobs_mode,
             in_flight=in_flight,
+            weight_transfer=weight_transfer,
         )
     if tensor_parallel_size != 1:
         raise ConfigError(

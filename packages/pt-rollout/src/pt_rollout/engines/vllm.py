@@ -8,6 +8,7 @@ vLLM is an optional dependency (``pip install pt-rollout[vllm]`` on GPU machines
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ class VLLMEngine(Engine):
         in_process: bool = False,
         load_format: str = "auto",
         in_flight: bool = False,
+        weight_transfer: str | None = None,
     ):
         """``in_process``: the engine core and its one worker run in this process on every
         platform (vLLM's default elsewhere than here is a process of their own), so that
@@ -48,7 +50,10 @@ class VLLMEngine(Engine):
         ``load_format="dummy"``: ``model`` needs only a config and a tokenizer, and the
         engine starts with placeholder weights, to be replaced by a push. ``in_flight``: the
         engine schedules one step at a time (vLLM's async scheduling off), so that
-        :meth:`generate` can load new weights between two steps of a generation."""
+        :meth:`generate` can load new weights between two steps of a generation.
+        ``weight_transfer``: a backend of :mod:`pt_rollout.weight_transfer` (``gloo``)
+        through which a trainer pushes new weights with vLLM's weight-transfer
+        API (:meth:`init_weight_transfer` and the three calls of each push)."""
         _quiet_vllm_logging()
         from vllm import LLM  # pyright: ignore[reportMissingImports]
         from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
@@ -92,6 +97,11 @@ class VLLMEngine(Engine):
             # With async scheduling the next step is already running when a step's tokens
             # come back; a load between two steps needs the engine idle.
             extra["async_scheduling"] = False
+        if weight_transfer:
+            from pt_rollout.weight_transfer import BACKENDS, register
+
+            register()
+            extra["weight_transfer_config"] = {"backend": BACKENDS[weight_transfer]}
         self._max_logprobs = max_logprobs
         self._requests_made = 0
         # One process: the worker reads the pushed pairs straight from the caller.
@@ -331,6 +341,28 @@ class VLLMEngine(Engine):
             log.debug("vllm: CPU GEMM of tied layers rebuilt after the push: %s", rebuilt[0])
         self.llm.reset_prefix_cache()
 
+    # vLLM's weight-transfer API (see pt_rollout.weight_transfer), on every worker
+
+    def init_weight_transfer(self, init_info: dict) -> None:
+        """Join the trainer's transfer group (blocks until the trainer is in it too)."""
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.collective_rpc("pt_start_weight_update")
+
+    def update_weights(self, update_info: dict) -> None:
+        """Receive the tensors ``update_info`` names (as the trainer sends them) and load
+        them."""
+        self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+
+    def finish_weight_update(self) -> None:
+        """End the push: vLLM's layerwise reload finalised and tied CPU heads rebuilt (see
+        :class:`WeightPushExtension`); the prefix cache (KV of the old weights) dropped."""
+        rebuilt = self.llm.collective_rpc("pt_finish_weight_update")
+        if any(rebuilt):
+            log.debug("vllm: CPU GEMM of tied layers rebuilt after the push: %s", rebuilt[0])
+        self.llm.reset_prefix_cache()
+
     def close(self) -> None:
         llm = getattr(self, "llm", None)
         if llm is not None:
@@ -360,6 +392,8 @@ class WeightPushExtension:
     # What the vLLM worker this class is mixed into has.
     model_runner: Any
     reload_weights: Callable[..., None]
+    start_weight_update: Callable[[], None]
+    finish_weight_update: Callable[[], None]
 
     def pt_reload_weights(self, weights_path: str) -> list[str]:
         """``reload_weights(weights_path=...)``, then the CPU GEMMs it left stale rebuilt;
@@ -372,6 +406,26 @@ class WeightPushExtension:
         of tied CPU GEMMs."""
         return self._pt_reload(weights_iterator=iter(weights))
 
+    def pt_start_weight_update(self) -> None:
+        """vLLM's ``start_weight_update`` (a push through its weight-transfer API), the CPU
+        GEMMs it may leave stale noted first."""
+        from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
+
+        if current_platform.is_cpu():
+            model = self.model_runner.get_model()
+            self._pt_gemms = {name: m.cpu_linear for name, m in _cpu_gemm_layers(model)}
+        self.start_weight_update()
+
+    def pt_finish_weight_update(self) -> list[str]:
+        """vLLM's ``finish_weight_update``, then the stale CPU GEMMs of tied layers
+        rebuilt; returns their names."""
+        self.finish_weight_update()
+        before = getattr(self, "_pt_gemms", None)
+        if before is None:
+            return []
+        self._pt_gemms = None
+        return _rebuild_tied_cpu_gemms(self.model_runner.get_model(), before)
+
     def _pt_reload(self, **source) -> list[str]:
         from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
 
@@ -382,6 +436,15 @@ class WeightPushExtension:
         before = {name: m.cpu_linear for name, m in _cpu_gemm_layers(model)}
         self.reload_weights(**source)
         return _rebuild_tied_cpu_gemms(model, before)
+
+
+if "vllm" in sys.modules:
+    # Imported as a worker's extension (``worker_extension_cls``) by vLLM, in a worker process
+    # of its own where this engine was not built: the gloo weight-transfer engine must be in
+    # vLLM's factory before the worker loads its model.
+    from pt_rollout.weight_transfer import register as _register_weight_transfer
+
+    _register_weight_transfer()
 
 
 def _cpu_gemm_layers(model):
