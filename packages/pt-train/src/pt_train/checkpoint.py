@@ -611,6 +611,8 @@ def save_model_weights(model, directory: Path, state_dict: dict | None = None) -
     was = model.config.use_cache
     model.config.use_cache = True
     try:
+        # save_pretrained (transformers 5) empties the dict it is given: give it its own
+        state_dict = dict(state_dict) if state_dict is not None else None
         model.save_pretrained(str(directory), state_dict=state_dict, safe_serialization=True)
     finally:
         model.config.use_cache = was

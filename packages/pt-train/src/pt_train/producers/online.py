@@ -804,23 +804,13 @@ class OnlineProducer(Producer):
         self._push_seconds += time.perf_counter() - start
 
     def _weights_to_send(self) -> list[tuple[str, Any]]:
-        """The current weights as ``(name, tensor)`` pairs in checkpoint names for a
-        weight-transfer push, a tied head's duplicate of its embedding left out (the
-        generator's model ties them itself). Copied where they are the live parameters and
-        the schedule trains on while the push is on its way (``step_off``, ``async``)."""
+        """The current weights for a weight-transfer push (:func:`pairs_to_send`), copied
+        where they are the live parameters and the schedule trains on while the push is on
+        its way (``step_off``, ``async``)."""
         state = self._gathered if self._gathered is not None else self.state_dict_of_policy()
         if state is None:
             raise RuntimeError("the policy's state dict is only on rank 0")
-        copy = self._gathered is None and self.rollout.schedule != "sync"
-        pairs, seen = [], set()
-        for name, tensor in state.items():
-            if tensor.numel():
-                where = (tensor.data_ptr(), tuple(tensor.shape))
-                if where in seen:
-                    continue
-                seen.add(where)
-            pairs.append((name, tensor.detach().clone() if copy else tensor.detach()))
-        return pairs
+        return pairs_to_send(state, copy=self._gathered is None and self.rollout.schedule != "sync")
 
     def _loaded(self) -> None:
         """Add to ``weight_load_s`` the generator's own time to load each push it has
@@ -854,6 +844,21 @@ class OnlineProducer(Producer):
 
         state = self._gathered if self._gathered is not None else self.state_dict_of_policy()
         save_model_weights(self.policy(), target, state)
+
+
+def pairs_to_send(state: dict, *, copy: bool) -> list[tuple[str, Any]]:
+    """A state dict as ``(name, tensor)`` pairs in checkpoint names for a weight-transfer
+    push, a tied head's duplicate of its embedding (the same tensor under a second name)
+    left out: the generator's model ties them itself. ``copy``: each tensor copied."""
+    pairs, seen = [], set()
+    for name, tensor in state.items():
+        if tensor.numel():
+            where = (tensor.data_ptr(), tuple(tensor.shape))
+            if where in seen:
+                continue
+            seen.add(where)
+        pairs.append((name, tensor.detach().clone() if copy else tensor.detach()))
+    return pairs
 
 
 def round_figures(rows: list[dict]) -> dict:
