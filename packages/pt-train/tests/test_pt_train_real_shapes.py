@@ -196,6 +196,24 @@ def grpo_world(tmp_path: Path, model_dir: Path, generator: str) -> dict:
     }
 
 
+def run_in_vllm_env(tmp_path: Path, cfg: dict) -> list[dict]:
+    """``pt-train run`` of ``cfg`` by the environment that has vLLM (the reward module in
+    ``tmp_path`` on its path); the run's metrics."""
+    import os
+    import subprocess
+
+    import yaml
+
+    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(cfg))
+    done = subprocess.run(
+        [str(VLLM_PYTHON.with_name("pt-train")), "run", str(tmp_path / "grpo.yaml")],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return read_metrics(tmp_path / "runs" / "grpo")
+
+
 @pytest.mark.vllm
 def test_grpo_rounds_from_a_vllm_generator_sample_the_policy(
     tmp_path, monkeypatch, qwen2_model_dir
@@ -221,22 +239,11 @@ def test_grpo_rounds_from_a_colocated_vllm_under_zero3_sample_the_policy(tmp_pat
     module at a time. Their log-probs are the policy's (rollout_kl at rounding level) only
     if each push carried the tied head. (ZeRO-0's push of a tied head: the tiny tied model
     in test_pt_train_colocate.py.)"""
-    import os
-    import subprocess
-
-    import yaml
 
     require_vllm_env()
     cfg = grpo_world(tmp_path, qwen2_model_dir, "colocate")
     cfg["deepspeed"] = {"zero_stage": 3}
-    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(cfg))
-    done = subprocess.run(
-        [str(VLLM_PYTHON.with_name("pt-train")), "run", str(tmp_path / "grpo.yaml")],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    metrics = read_metrics(tmp_path / "runs" / "grpo")
+    metrics = run_in_vllm_env(tmp_path, cfg)
     assert [m["round"] for m in metrics] == [0, 1]
     assert all(m["rollout_kl"] < 1e-6 for m in metrics), [m["rollout_kl"] for m in metrics]
     assert all(m["weight_push_s"] > 0 for m in metrics), metrics
@@ -251,22 +258,11 @@ def test_grpo_rounds_from_a_vllm_process_given_weights_over_gloo_sample_the_poli
     head is left out of the broadcast (its embedding's duplicate, 151,665 rows), so
     round 2's log-probs are the trained policy's (rollout_kl at rounding level) only if
     the process's head follows the broadcast embedding."""
-    import os
-    import subprocess
-
-    import yaml
 
     require_vllm_env()
     cfg = grpo_world(tmp_path, qwen2_model_dir, "server")
     cfg["rollout"]["weight_transfer"] = "gloo"
-    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(cfg))
-    done = subprocess.run(
-        [str(VLLM_PYTHON.with_name("pt-train")), "run", str(tmp_path / "grpo.yaml")],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    metrics = read_metrics(tmp_path / "runs" / "grpo")
+    metrics = run_in_vllm_env(tmp_path, cfg)
     assert [m["round"] for m in metrics] == [0, 1]
     assert all(m["rollout_kl"] < 1e-6 for m in metrics), [m["rollout_kl"] for m in metrics]
     assert metrics[1]["weight_load_s"] > 0

@@ -373,15 +373,13 @@ class RemoteGenerator:
         try:
             if self._transfer is None:
                 self._transfer = self._open_transfer()
-            source = self._transfer.source
-            source.pairs = weights
-            self._push_version = version
-            self._push_reply: dict = {}
+            source, client = self._transfer.source, self._transfer.client
+            source.pairs, client.version = weights, version
             try:
                 self._transfer.send_weights()
             finally:
                 source.pairs = []
-            reply.update(self._push_reply)
+            reply.update(client.finished)
         except Exception as exc:  # raised by wait(key), in the caller's thread
             reply["error"] = f"weight transfer: {type(exc).__name__}: {exc}"
         finally:
@@ -494,10 +492,13 @@ class RemoteGenerator:
 class _TransferClient:
     """vLLM's weight-sync client (``VLLMWeightSyncClient``: the four calls of its
     handshake) over a :class:`RemoteGenerator`'s socket, each call answered before it
-    returns. Used from a push's thread only."""
+    returns. Used from a push's thread only: ``version`` is the push's, and ``finished``
+    the process's answer to its end (the version and the seconds the push took there)."""
 
     def __init__(self, generator: RemoteGenerator):
         self.generator = generator
+        self.version = 0
+        self.finished: dict = {}
 
     def _call(self, message: dict) -> dict:
         generator = self.generator
@@ -513,9 +514,8 @@ class _TransferClient:
         self._call({"op": "update_weights", "update_info": update_info})
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        generator = self.generator
-        reply = self._call({"op": "finish_weight_update", "version": generator._push_version})
-        generator._push_reply = {"version": reply["version"], "seconds": reply["seconds"]}
+        reply = self._call({"op": "finish_weight_update", "version": self.version})
+        self.finished = {"version": reply["version"], "seconds": reply["seconds"]}
 
 
 class GeneratorPool:
