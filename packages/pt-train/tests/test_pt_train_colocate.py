@@ -419,6 +419,13 @@ def test_step_off_over_gloo_with_two_processes_is_the_run_with_files(world):
         ),
         # the main environment has no vllm (it lives in .venv-vllm)
         ({"engine": "vllm"}, {}, "has no vllm"),
+        # this machine has no GPU, and vLLM's CPU worker ignores sleep mode
+        ({"engine": "vllm", "sleep_level": 1}, {}, "which needs a GPU (CUDA or ROCm)"),
+        (
+            {"engine": "vllm", "generator": "server", "sleep_level": 2},
+            {},
+            "rollout.sleep_level=2 puts the colocated vLLM engine to sleep",
+        ),
         (
             {"engine": "vllm", "weight_transfer": "gloo"},
             {},

@@ -290,6 +290,10 @@ class RolloutConfig(SamplingConfig):
     # directory in memory (/dev/shm) and loaded in place; gloo, broadcast over a gloo group
     # with vLLM's weight-transfer API (engine vllm, no file; pt-train run where vllm is)
     weight_transfer: Literal["files", "gloo"] = "files"
+    # colocate, on a GPU: vLLM's sleep mode while the trainer steps. 1: its weights moved
+    # to host memory and its KV cache freed; 2: both freed (the push before the next round
+    # reloads the weights). 0: the engine keeps its memory.
+    sleep_level: Literal[0, 1, 2] = 0
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     max_model_len: int | None = Field(default=None, gt=0)
 
@@ -343,6 +347,12 @@ class RolloutConfig(SamplingConfig):
                 "processes get new weights (rollout.generator=server, rollout.engine=vllm; here "
                 f"generator={self.generator}, engine={self.engine}): set those, or remove "
                 "rollout.weight_transfer"
+            )
+        if self.sleep_level and self.generator != "colocate":
+            raise ValueError(
+                f"rollout.sleep_level={self.sleep_level} puts the colocated vLLM engine to "
+                f"sleep while the trainer steps; with rollout.generator={self.generator} there "
+                "is none: set rollout.generator=colocate, or remove rollout.sleep_level"
             )
         if self.weight_transfer != "files" and self.in_flight:
             raise ValueError(
@@ -496,6 +506,15 @@ class TrainConfig(Section):
                 "takes merged full-precision weights each round, which pt-train does not build "
                 "from a 4-bit base\n  fix: set rollout.generator=local"
             )
+        if self.rollout.sleep_level:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    f"rollout.sleep_level={self.rollout.sleep_level} is vLLM's sleep mode, "
+                    "which needs a GPU (CUDA or ROCm): vLLM's CPU worker ignores it\n  fix: "
+                    "remove rollout.sleep_level on a machine without a GPU"
+                )
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
@@ -595,6 +614,7 @@ RESUME_FREE_KEYS = (
     "rollout.python",
     "eval",
     "rollout.gpu_memory_utilization",
+    "rollout.sleep_level",
     "launcher",
     "deepspeed.engine",
     "logging",

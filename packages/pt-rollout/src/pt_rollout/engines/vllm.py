@@ -43,6 +43,7 @@ class VLLMEngine(Engine):
         load_format: str = "auto",
         in_flight: bool = False,
         weight_transfer: str | None = None,
+        sleep_level: int = 0,
     ):
         """``in_process``: the engine core and its one worker run in this process on every
         platform (vLLM's default elsewhere than here is a process of their own), so that
@@ -53,7 +54,9 @@ class VLLMEngine(Engine):
         :meth:`generate` can load new weights between two steps of a generation.
         ``weight_transfer``: a backend of :mod:`pt_rollout.weight_transfer` (``gloo``)
         through which a trainer pushes new weights with vLLM's weight-transfer
-        API (:meth:`init_weight_transfer` and the three calls of each push)."""
+        API (:meth:`init_weight_transfer` and the three calls of each push).
+        ``sleep_level`` (1 or 2, on a GPU): the engine is built for vLLM's sleep mode, and
+        :meth:`sleep` frees its memory at that level until :meth:`wake_up`."""
         _quiet_vllm_logging()
         from vllm import LLM  # pyright: ignore[reportMissingImports]
         from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
@@ -97,6 +100,14 @@ class VLLMEngine(Engine):
             # With async scheduling the next step is already running when a step's tokens
             # come back; a load between two steps needs the engine idle.
             extra["async_scheduling"] = False
+        if sleep_level:
+            if not current_platform.is_sleep_mode_available():
+                raise ValueError(
+                    f"vLLM's sleep mode (level {sleep_level}) needs a GPU; on "
+                    f"{current_platform.device_type} vLLM has none"
+                )
+            extra["enable_sleep_mode"] = True
+        self.sleep_level = sleep_level
         if weight_transfer:
             from pt_rollout.weight_transfer import BACKENDS, register
 
@@ -340,6 +351,18 @@ class VLLMEngine(Engine):
         if any(rebuilt):
             log.debug("vllm: CPU GEMM of tied layers rebuilt after the push: %s", rebuilt[0])
         self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """Free the engine's device memory at its ``sleep_level`` (1: the weights moved to
+        host memory, the KV cache freed; 2: both freed) until :meth:`wake_up`; nothing may
+        be generated meanwhile."""
+        self.llm.sleep(level=self.sleep_level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back the memory :meth:`sleep` freed: ``["weights"]`` first, so that a push
+        loads into it before the KV cache is allocated too (``["kv_cache"]``), or all of
+        it (``None``). After level 2 the weights hold nothing until a push."""
+        self.llm.wake_up(tags)
 
     # vLLM's weight-transfer API (see pt_rollout.weight_transfer), on every worker
 

@@ -23,7 +23,9 @@ Where the samples come from (``rollout.generator``):
   placeholder weights); its cost is the ``weight_push_s`` metric (the load included,
   where the server's is the write). It generates with the server path's requests,
   sampling and per-sample seeds (the same rows in ``bench/grpo_vs_trl.py --generators``)
-  and scores with the teacher in this process, as ``local`` does;
+  and scores with the teacher in this process, as ``local`` does. With
+  ``rollout.sleep_level`` (on a GPU) it sleeps in vLLM's sleep mode between generations,
+  and wakes its weights' memory for the push before the KV cache's (``sleep_s``);
 - ``server``: a generator process (:mod:`pt_rollout.serve`, HF or vLLM, in its own
   environment if need be) that gets the policy's weights at every round start, written as
   safetensors to a directory in memory (``/dev/shm``) and loaded in place; its cost is the
@@ -190,6 +192,9 @@ class OnlineProducer(Producer):
         self._pushed_version: int | None = None
         self._push_seconds = 0.0
         self._load_seconds = 0.0
+        # the colocated engine's sleep mode (rollout.sleep_level)
+        self._asleep = False
+        self._sleep_seconds = 0.0
         self.dropped_stale = 0
         self._version = 0  # optimizer updates so far (set by the trainer on resume)
 
@@ -407,6 +412,7 @@ class OnlineProducer(Producer):
                     if self.rollout.generator == "server"
                     else {}
                 ),
+                **({"sleep_s": round(self._sleep_seconds, 3)} if self.rollout.sleep_level else {}),
                 # generator processes (GeneratorPool) that ended during the run
                 **(
                     {"generator_deaths": deaths}
@@ -418,7 +424,7 @@ class OnlineProducer(Producer):
                 ),
             }
         )
-        self._push_seconds = self._load_seconds = 0.0
+        self._push_seconds = self._load_seconds = self._sleep_seconds = 0.0
         directory = self.round_dir(index)
         directory.mkdir(parents=True, exist_ok=True)
         write_rows(directory / "rollouts.jsonl", rows)
@@ -559,10 +565,11 @@ class OnlineProducer(Producer):
         from pt_rollout.engines.hf import HFEngine
 
         model = self.policy()
-        if self.rollout.generator == "colocate":
+        colocated = self.rollout.generator == "colocate"
+        if colocated:
             if self._generator is None:
                 self._generator = self._start_colocated()
-            self._push_in_memory()
+            self._wake_and_push()
         elif self._generator is None:
             device = next(model.parameters()).device
             self._generator = HFEngine(
@@ -579,6 +586,8 @@ class OnlineProducer(Producer):
             completions = self._generator.generate(requests, SamplingParams(**self._sampling()))
         finally:
             model.train(was_training)
+        if colocated and self.rollout.sleep_level:
+            self._sleep()
         out = {
             "completions": completions,
             "version": self._version,
@@ -638,6 +647,7 @@ class OnlineProducer(Producer):
                 logprobs_mode=self.needs.logprobs_mode,
                 in_process=True,
                 load_format="dummy" if sharded else "auto",
+                sleep_level=r.sleep_level,
             )
         finally:
             shutil.rmtree(start, ignore_errors=True)
@@ -661,6 +671,33 @@ class OnlineProducer(Producer):
         self._generator.push_weights(self.weights_of_policy())
         self._pushed_version = self._version
         self._push_seconds += time.perf_counter() - start
+
+    def _wake_and_push(self) -> None:
+        """Before a generation: an engine asleep takes back its weights' memory, the current
+        weights are pushed (always after level 2, whose sleep freed them), then the KV
+        cache's memory is taken back, so the push's transient tensors and the KV cache are
+        never on the device together."""
+        asleep = self._asleep
+        if asleep:
+            start = time.perf_counter()
+            self._generator.wake_up(["weights"])
+            self._sleep_seconds += time.perf_counter() - start
+        self._push_in_memory()
+        if asleep:
+            start = time.perf_counter()
+            self._generator.wake_up(["kv_cache"])
+            self._asleep = False
+            self._sleep_seconds += time.perf_counter() - start
+
+    def _sleep(self) -> None:
+        """After a generation (``rollout.sleep_level``): the engine frees its device memory
+        for the trainer's steps; after level 2 it no longer has any weights."""
+        start = time.perf_counter()
+        self._generator.sleep()
+        self._asleep = True
+        if self.rollout.sleep_level == 2:
+            self._pushed_version = None
+        self._sleep_seconds += time.perf_counter() - start
 
     def _max_logprobs(self) -> int:
         """The most log-probs per position a generator returns: the student's and the
