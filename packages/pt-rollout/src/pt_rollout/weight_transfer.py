@@ -9,13 +9,18 @@ answered once the broadcast is in) and ``finish_weight_update``. A trainer-side 
 (``WeightTransferTrainerFactory``) drives it through a client with those four methods;
 :class:`pt_rollout.serve.RemoteGenerator` is one, over its socket.
 
-The backend is ``gloo``: a dense broadcast over a gloo group, registered here in vLLM's
-two factories as ``pt_gloo`` (:func:`register`). Its wire is torch's gloo ``broadcast`` of
-each tensor in checkpoint order, one at a time, received in host memory (on a GPU worker,
-vLLM's loaders copy it to the device); the lifecycle, the layerwise reload and the
-worker's bookkeeping are vLLM's. vLLM's NCCL and CUDA-IPC engines plug into the same
-handshake, but pt's generator processes run on the trainer's own device, where NCCL cannot
-join two processes, and IPC is CUDA's: neither is offered here.
+Two backends:
+
+- ``gloo``: a dense broadcast over a gloo group, registered here in vLLM's two factories as
+  ``pt_gloo`` (:func:`register`). Its wire is torch's gloo ``broadcast`` of each tensor in
+  checkpoint order, one at a time, received in host memory (on a GPU worker, vLLM's
+  loaders copy it to the device); the lifecycle, the layerwise reload and the worker's
+  bookkeeping are vLLM's. It runs wherever torch does.
+- ``ipc``: vLLM's own CUDA-IPC engines (``ipc`` in its factories): the trainer sends a
+  CUDA IPC handle of each tensor, and the worker, on the same GPU, loads from the
+  trainer's memory with no copy on the way. pt's generator processes run on the trainer's
+  own device, which is what IPC is for (vLLM's NCCL engine joins processes on separate
+  devices, and is not offered). CUDA only.
 
 This module imports vLLM: it is for the processes that have it (the generator process,
 and a trainer run from an environment that holds both, such as ``.venv-vllm``).
@@ -47,7 +52,7 @@ from vllm.distributed.weight_transfer.factory import (  # pyright: ignore[report
 )
 
 # pt's name of a backend -> the name it is registered under in vLLM's factories
-BACKENDS = {"gloo": "pt_gloo"}
+BACKENDS = {"gloo": "pt_gloo", "ipc": "ipc"}
 GLOO = BACKENDS["gloo"]
 # How long a side waits for the other in the rendezvous and in each broadcast.
 TIMEOUT = datetime.timedelta(minutes=10)
@@ -78,6 +83,14 @@ def trainer_init_info(backend: str, *, host: str, port: int, world_size: int):
         return GlooTrainerInitInfo(
             master_address=host, master_port=port, world_size=world_size, rank=0
         )
+    if backend == "ipc":
+        # no rendezvous; one handle per tensor (not vLLM's packed buffer), so a tensor
+        # that is already contiguous on the device is shared, not copied
+        from vllm.distributed.weight_transfer.ipc_engine import (  # pyright: ignore[reportMissingImports]
+            IPCTrainerInitInfo,
+        )
+
+        return IPCTrainerInitInfo(rank=0, packed=False)
     raise ValueError(f"no weight-transfer backend {backend!r}; pt has {sorted(BACKENDS)}")
 
 

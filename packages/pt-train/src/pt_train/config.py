@@ -288,8 +288,9 @@ class RolloutConfig(SamplingConfig):
     servers: int = Field(default=1, ge=1)
     # how a generator process (server) gets new weights: files, as safetensors written to a
     # directory in memory (/dev/shm) and loaded in place; gloo, broadcast over a gloo group
-    # with vLLM's weight-transfer API (engine vllm, no file; pt-train run where vllm is)
-    weight_transfer: Literal["files", "gloo"] = "files"
+    # with vLLM's weight-transfer API (engine vllm, no file; pt-train run where vllm is);
+    # ipc, the same API with CUDA IPC handles (a GPU the trainer and the process share)
+    weight_transfer: Literal["files", "gloo", "ipc"] = "files"
     # colocate, on a GPU: vLLM's sleep mode while the trainer steps. 1: its weights moved
     # to host memory and its KV cache freed; 2: both freed (the push before the next round
     # reloads the weights). 0: the engine keeps its memory.
@@ -533,6 +534,21 @@ class TrainConfig(Section):
             return self
         import importlib.util
 
+        if self.rollout.weight_transfer == "ipc":
+            if self.launcher.nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise ValueError(
+                    "rollout.weight_transfer=ipc shares one rank's weights, and vLLM's IPC "
+                    "sender gathers handles from every rank of the job\n  fix: train on one "
+                    "rank (launcher.nproc=1), or set rollout.weight_transfer=files"
+                )
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    "rollout.weight_transfer=ipc hands the generator process CUDA IPC handles "
+                    "of the trainer's weights, which needs a GPU\n  fix: set "
+                    "rollout.weight_transfer=gloo (or files) on a machine without one"
+                )
         if importlib.util.find_spec("vllm") is None:
             raise ValueError(
                 f"rollout.weight_transfer={self.rollout.weight_transfer} sends weights with "

@@ -847,7 +847,12 @@ class OnlineProducer(Producer):
         state = self._gathered if self._gathered is not None else self.state_dict_of_policy()
         if state is None:
             raise RuntimeError("the policy's state dict is only on rank 0")
-        return pairs_to_send(state, copy=self._gathered is None and self.rollout.schedule != "sync")
+        pairs = pairs_to_send(
+            state, copy=self._gathered is None and self.rollout.schedule != "sync"
+        )
+        if self.rollout.weight_transfer == "ipc":  # handles of the GPU's memory, not the host's
+            pairs = [(name, t if t.is_cuda else t.to("cuda")) for name, t in pairs]
+        return pairs
 
     def _loaded(self) -> None:
         """Add to ``weight_load_s`` the generator's own time to load each push it has
