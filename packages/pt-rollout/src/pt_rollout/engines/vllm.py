@@ -114,6 +114,12 @@ class VLLMEngine(Engine):
                 f"weight transfer over ipc shares CUDA memory; vLLM runs on "
                 f"{current_platform.device_type} here: use gloo, or files"
             )
+        if weight_transfer == "ipc":
+            # A CUDA IPC handle names torch's types (the storage class, the dtype), which
+            # vLLM's messages between its own processes (this one, the engine core's, the
+            # workers') carry only by pickle, the way its own HTTP weight-sync client needs
+            # too; set before vLLM starts them, so that they inherit it.
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         if weight_transfer:
             from pt_rollout.weight_transfer import BACKENDS, register
 
