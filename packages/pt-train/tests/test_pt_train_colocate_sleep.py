@@ -49,12 +49,13 @@ class Recorder:
         self.weights = None
         self.awake = {"weights": False, "kv_cache": False}
 
-    def wake_up(self, tags) -> None:
+    def wake_up(self, tags) -> bool:
         (tag,) = tags
         self.calls.append(f"wake {tag}")
         self.awake[tag] = True
         if tag == "weights":
             self.weights = self.offloaded
+        return all(self.awake.values())
 
 
 def producer(level: int) -> tuple[OnlineProducer, Recorder]:

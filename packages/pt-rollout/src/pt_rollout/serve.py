@@ -372,6 +372,12 @@ class RemoteGenerator:
     def _push(self, key: int, weights: list, version: int) -> None:
         reply: dict = {"key": key, "op": "push"}
         try:
+            first = weights[0][1] if weights else None
+            if first is not None and first.is_cuda:
+                # CUDA IPC names the current device in its handles: this thread's is 0
+                import torch
+
+                torch.cuda.set_device(first.device)
             if self._transfer is None:
                 self._transfer = self._open_transfer()
             source, client = self._transfer.source, self._transfer.client

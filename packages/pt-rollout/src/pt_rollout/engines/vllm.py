@@ -370,11 +370,12 @@ class VLLMEngine(Engine):
         be generated meanwhile."""
         self.llm.sleep(level=self.sleep_level)
 
-    def wake_up(self, tags: list[str] | None = None) -> None:
+    def wake_up(self, tags: list[str] | None = None) -> bool:
         """Take back the memory :meth:`sleep` freed: ``["weights"]`` first, so that a push
         loads into it before the KV cache is allocated too (``["kv_cache"]``), or all of
-        it (``None``). After level 2 the weights hold nothing until a push."""
-        self.llm.wake_up(tags)
+        it (``None``). After level 2 the weights hold nothing until a push. Returns whether
+        the engine is awake whole."""
+        return bool(self.llm.wake_up(tags))
 
     # vLLM's weight-transfer API (see pt_rollout.weight_transfer), on every worker
 

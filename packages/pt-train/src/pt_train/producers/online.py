@@ -685,7 +685,8 @@ class OnlineProducer(Producer):
         self._push_in_memory()
         if asleep:
             start = time.perf_counter()
-            self._generator.wake_up(["kv_cache"])
+            if not self._generator.wake_up(["kv_cache"]):
+                raise RuntimeError("the colocated vLLM engine is not awake after waking up")
             self._asleep = False
             self._sleep_seconds += time.perf_counter() - start
 
