@@ -194,6 +194,72 @@ def test_servers_needs_the_generator_process():
     assert validate(cfg, TrainConfig).rollout.servers == 2
 
 
+@pytest.mark.parametrize(
+    ("index", "visible", "expected"),
+    [
+        (1, None, "1"),
+        (0, "", "0"),
+        (1, "4,5,6", "5"),
+        (2, " 4, 5 ,6 ", "6"),
+        (0, "GPU-8f1c,GPU-22ab", "GPU-8f1c"),
+    ],
+)
+def test_a_device_index_is_one_of_the_devices_the_trainer_sees(index, visible, expected):
+    from pt_rollout.serve import visible_device
+
+    assert visible_device(index, visible) == expected
+
+
+def test_a_device_the_trainer_does_not_see_is_refused():
+    from pt_core.errors import PtError
+    from pt_rollout.serve import visible_device
+
+    with pytest.raises(PtError, match=r"device 2 is not among the 2 this process sees"):
+        visible_device(2, "4,5")
+
+
+@pytest.mark.slow  # generator processes that each import torch
+def test_each_process_sees_the_device_it_was_given(tiny_model_dir, monkeypatch):
+    """``devices``: process i is started with CUDA_VISIBLE_DEVICES naming the trainer's
+    device ``devices[i]``, through the trainer's own CUDA_VISIBLE_DEVICES."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    with GeneratorPool(str(tiny_model_dir), servers=2, devices=[1, 0]) as pool:
+        seen = {i: info["cuda_visible_devices"] for i, info in pool.info().items()}
+        pids = {info["pid"] for info in pool.info().values()}
+    assert seen == {0: "7", 1: "5"}
+    assert len(pids) == 2
+
+
+def test_server_devices_are_refused_where_they_place_nothing():
+    """One line naming the key and the fix: no GPU here; a device per process; generator
+    processes only; not with ipc, which shares the trainer's GPU."""
+    base = {"run_name": "x", "model": {"name_or_path": "m"}, "training": {"max_steps": 2}}
+    cases = [
+        ({"generator": "server", "server_devices": [0]}, "and this machine has no GPU"),
+        (
+            {"generator": "server", "servers": 2, "server_devices": [0]},
+            "names 1 devices for rollout.servers=2 generator processes",
+        ),
+        ({"server_devices": [0]}, "with rollout.generator=local there are none"),
+        ({"generator": "server", "server_devices": [-1]}, "device indices start at 0"),
+        (
+            {
+                "generator": "server",
+                "engine": "vllm",
+                "weight_transfer": "ipc",
+                "server_devices": [0],
+            },
+            "places them on others: remove one of them",
+        ),  # fmt: skip
+    ]
+    for rollout, message in cases:
+        cfg = {**base, "rollout": {"prompts": "p.jsonl", **rollout}}
+        with pytest.raises(ConfigError) as refused:
+            validate(cfg, TrainConfig)
+        assert "\n" not in str(refused.value).split("  fix:")[0].strip(), refused.value
+        assert message in " ".join(str(refused.value).split()), (rollout, str(refused.value))
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_two_vllm_processes_answer_what_one_does(tiny_model_dir, other_model_dir, tiny_tokenizer):

@@ -17,6 +17,8 @@ order:
   "update_weights", "update_info": {...}}`` (answered once the trainer's broadcast is
   in) and ``{"op": "finish_weight_update", "version": v}`` -> later completions carry
   ``v``;
+- ``{"op": "info"}`` -> the process's ``pid`` and ``cuda_visible_devices`` (the GPUs it
+  was given, or None);
 - ``{"op": "close"}``.
 
 Only plain Python values cross the socket (lists, dicts, numbers), so the two sides need
@@ -213,6 +215,11 @@ def serve(args) -> None:
                             )
                             reply["scores"] = [s.__dict__ for s in scores]
                             reply["score_s"] = time.perf_counter() - start
+                    elif op == "info":
+                        reply = {
+                            "pid": os.getpid(),
+                            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                        }
                     else:
                         reply = {"error": f"unknown op {op!r}"}
                 except ClientGone:
@@ -245,6 +252,21 @@ def main() -> None:
 # --------------------------------------------------------------------------- client
 
 
+def visible_device(index: int, visible: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a child process that is to see device ``index`` of
+    this process's own: with ``visible`` (this process's ``CUDA_VISIBLE_DEVICES``) set,
+    its ``index``-th entry (``"4,5,6"`` and 1: ``"5"``), else ``index`` itself."""
+    if visible is None or not visible.strip():
+        return str(index)
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if index >= len(entries):
+        raise PtError(
+            f"device {index} is not among the {len(entries)} this process sees "
+            f"(CUDA_VISIBLE_DEVICES={visible})"
+        )
+    return entries[index]
+
+
 class RemoteGenerator:
     """Start ``python -m pt_rollout.serve`` and talk to it; see the module docstring."""
 
@@ -266,10 +288,13 @@ class RemoteGenerator:
         decoder: str = "auto",
         in_flight: bool = False,
         weight_transfer: str | None = None,
+        device: int | None = None,
         start_timeout: float = 900.0,
     ):
         """``weight_transfer``: a backend of :mod:`pt_rollout.weight_transfer` (``gloo``,
-        ``ipc``) for :meth:`submit_push`, which then needs vLLM in this process too."""
+        ``ipc``) for :meth:`submit_push`, which then needs vLLM in this process too.
+        ``device``: the process sees that GPU only, an index among this process's own
+        (:func:`visible_device`); None: the GPUs this process sees."""
         from multiprocessing.connection import Client
 
         self._dir = Path(tempfile.mkdtemp(prefix="pt-serve-"))
@@ -297,6 +322,10 @@ class RemoteGenerator:
         self._held: list[dict] | None = None  # messages queued while a push is on its way
         self._lock = threading.Lock()  # one sender on the socket at a time
         env = {**os.environ, "PT_SERVE_AUTHKEY": authkey.hex()}
+        if device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible_device(
+                device, os.environ.get("CUDA_VISIBLE_DEVICES")
+            )
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=sys.stderr.fileno(), env=env, text=True
         )
@@ -443,6 +472,11 @@ class RemoteGenerator:
         with self._cond:
             return key in self._replies
 
+    def info(self) -> dict:
+        """The process's ``pid`` and ``cuda_visible_devices``, in order with what was sent
+        before."""
+        return self.wait(self._send({"op": "info"}))
+
     def alive(self) -> bool:
         """Whether the process still runs and its socket is open."""
         with self._cond:
@@ -542,21 +576,25 @@ class GeneratorPool:
 
     Process ``i`` gets engine seed ``seed + i`` (which only sampling with
     ``seeding: engine`` uses), so one process is started exactly as
-    :class:`RemoteGenerator` is.
+    :class:`RemoteGenerator` is, and with ``devices``, GPU ``devices[i]`` (see
+    :func:`visible_device`) rather than all this process sees.
     """
 
     def __init__(self, model: str, *, servers: int = 1, seed: int = 0, version: int = 0,
-                 **kwargs):  # fmt: skip
+                 devices: list[int] | None = None, **kwargs):  # fmt: skip
         if servers < 1:
             raise PtError(f"a generator pool needs at least one process, not {servers}")
+        if devices is not None and len(devices) != servers:
+            raise PtError(f"{len(devices)} devices for {servers} generator processes")
         started: list[RemoteGenerator | None] = [None] * servers
         errors: list[BaseException] = []
 
         def start(index: int) -> None:
             try:
                 started[index] = RemoteGenerator(
-                    model, seed=seed + index, version=version, **kwargs
-                )
+                    model, seed=seed + index, version=version,
+                    device=None if devices is None else devices[index], **kwargs,
+                )  # fmt: skip
             except BaseException as exc:  # raised below, in the caller's thread
                 errors.append(exc)
 
@@ -604,6 +642,10 @@ class GeneratorPool:
         return self._to_every_process(
             lambda generator: generator.submit_push(weights, version), version
         )
+
+    def info(self) -> dict[int, dict]:
+        """Each live process's :meth:`RemoteGenerator.info`, by its index."""
+        return {index: generator.info() for index, generator in self._generators.items()}
 
     def _to_every_process(self, submit, version: int) -> int:
         self._check()

@@ -815,7 +815,14 @@ class OnlineProducer(Producer):
             decoder=r.decoder,
             in_flight=r.in_flight,
             weight_transfer=None if r.weight_transfer == "files" else r.weight_transfer,
+            devices=r.server_devices,
         )  # fmt: skip
+        if r.server_devices is not None:
+            for index, info in pool.info().items():
+                log.info(
+                    "generator process %d (pid %d): CUDA_VISIBLE_DEVICES=%s",
+                    index, info["pid"], info["cuda_visible_devices"],
+                )  # fmt: skip
         self._pushed_version = self._version
         if r.weight_transfer == "files":
             log.info("weights pushed as safetensors written to %s", path.parent)
