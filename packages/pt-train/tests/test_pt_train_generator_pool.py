@@ -232,7 +232,8 @@ def test_each_process_sees_the_device_it_was_given(tiny_model_dir, monkeypatch):
 
 def test_server_devices_are_refused_where_they_place_nothing():
     """One line naming the key and the fix: no GPU here; a device per process; generator
-    processes only; not with ipc, which shares the trainer's GPU."""
+    processes only; not with ipc, which shares the trainer's GPU; nccl only with them, and
+    not on the trainer's GPU."""
     base = {"run_name": "x", "model": {"name_or_path": "m"}, "training": {"max_steps": 2}}
     cases = [
         ({"generator": "server", "server_devices": [0]}, "and this machine has no GPU"),
@@ -250,6 +251,28 @@ def test_server_devices_are_refused_where_they_place_nothing():
                 "server_devices": [0],
             },
             "places them on others: remove one of them",
+        ),
+        (
+            {"generator": "server", "engine": "vllm", "weight_transfer": "nccl"},
+            "without rollout.server_devices they share the trainer's",
+        ),
+        (
+            {
+                "generator": "server",
+                "engine": "vllm",
+                "weight_transfer": "nccl",
+                "server_devices": [0],
+            },
+            "NCCL cannot join two processes on one GPU",
+        ),
+        (
+            {
+                "generator": "server",
+                "engine": "vllm",
+                "weight_transfer": "nccl",
+                "server_devices": [1],
+            },
+            "and this machine has no GPU",
         ),  # fmt: skip
     ]
     for rollout, message in cases:

@@ -245,7 +245,7 @@ def main() -> None:
     parser.add_argument("--logprobs-mode", default="raw")
     parser.add_argument("--decoder", default="auto")
     parser.add_argument("--in-flight", action="store_true")
-    parser.add_argument("--weight-transfer", default=None, choices=("gloo", "ipc"))
+    parser.add_argument("--weight-transfer", default=None, choices=("gloo", "ipc", "nccl"))
     serve(parser.parse_args())
 
 
@@ -292,7 +292,7 @@ class RemoteGenerator:
         start_timeout: float = 900.0,
     ):
         """``weight_transfer``: a backend of :mod:`pt_rollout.weight_transfer` (``gloo``,
-        ``ipc``) for :meth:`submit_push`, which then needs vLLM in this process too.
+        ``ipc``, ``nccl``) for :meth:`submit_push`, which then needs vLLM in this process too.
         ``device``: the process sees that GPU only, an index among this process's own
         (:func:`visible_device`); None: the GPUs this process sees."""
         from multiprocessing.connection import Client
@@ -403,7 +403,8 @@ class RemoteGenerator:
         try:
             first = weights[0][1] if weights else None
             if first is not None and first.is_cuda:
-                # CUDA IPC names the current device in its handles: this thread's is 0
+                # CUDA IPC names the current device in its handles, and NCCL's group is
+                # opened on it: this thread's is 0
                 import torch
 
                 torch.cuda.set_device(first.device)

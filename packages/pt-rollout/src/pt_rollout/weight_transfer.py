@@ -18,9 +18,11 @@ Two backends:
   bookkeeping are vLLM's. It runs wherever torch does.
 - ``ipc``: vLLM's own CUDA-IPC engines (``ipc`` in its factories): the trainer sends a
   CUDA IPC handle of each tensor, and the worker, on the same GPU, loads from the
-  trainer's memory with no copy on the way. pt's generator processes run on the trainer's
-  own device, which is what IPC is for (vLLM's NCCL engine joins processes on separate
-  devices, and is not offered). CUDA only.
+  trainer's memory with no copy on the way: for generator processes on the trainer's own
+  device. CUDA only.
+- ``nccl``: vLLM's own NCCL engines (``nccl``): the tensors broadcast from the trainer's
+  GPU to the worker's over an NCCL group of the two, for generator processes on GPUs of
+  their own. CUDA only.
 
 This module imports vLLM: it is for the processes that have it (the generator process,
 and a trainer run from an environment that holds both, such as ``.venv-vllm``).
@@ -52,7 +54,7 @@ from vllm.distributed.weight_transfer.factory import (  # pyright: ignore[report
 )
 
 # pt's name of a backend -> the name it is registered under in vLLM's factories
-BACKENDS = {"gloo": "pt_gloo", "ipc": "ipc"}
+BACKENDS = {"gloo": "pt_gloo", "ipc": "ipc", "nccl": "nccl"}
 GLOO = BACKENDS["gloo"]
 # How long a side waits for the other in the rendezvous and in each broadcast.
 TIMEOUT = datetime.timedelta(minutes=10)
@@ -91,6 +93,15 @@ def trainer_init_info(backend: str, *, host: str, port: int, world_size: int):
         )
 
         return IPCTrainerInitInfo(rank=0, packed=False)
+    if backend == "nccl":
+        # vLLM's packed broadcast (its default): tensors sent through a few fixed buffers
+        from vllm.distributed.weight_transfer.nccl_engine import (  # pyright: ignore[reportMissingImports]
+            NCCLTrainerInitInfo,
+        )
+
+        return NCCLTrainerInitInfo(
+            master_address=host, master_port=port, world_size=world_size, rank=0
+        )
     raise ValueError(f"no weight-transfer backend {backend!r}; pt has {sorted(BACKENDS)}")
 
 

@@ -292,8 +292,9 @@ class RolloutConfig(SamplingConfig):
     # how a generator process (server) gets new weights: files, as safetensors written to a
     # directory in memory (/dev/shm) and loaded in place; gloo, broadcast over a gloo group
     # with vLLM's weight-transfer API (engine vllm, no file; pt-train run where vllm is);
-    # ipc, the same API with CUDA IPC handles (a GPU the trainer and the process share)
-    weight_transfer: Literal["files", "gloo", "ipc"] = "files"
+    # ipc, the same API with CUDA IPC handles (a GPU the trainer and the process share);
+    # nccl, the same API over NCCL (processes on GPUs of their own: server_devices)
+    weight_transfer: Literal["files", "gloo", "ipc", "nccl"] = "files"
     # colocate, on a GPU: vLLM's sleep mode while the trainer steps. 1: its weights moved
     # to host memory and its KV cache freed; 2: both freed (the push before the next round
     # reloads the weights). 0: the engine keeps its memory.
@@ -368,12 +369,24 @@ class RolloutConfig(SamplingConfig):
                 raise ValueError(
                     f"rollout.server_devices={self.server_devices}: device indices start at 0"
                 )
+            if self.weight_transfer == "nccl" and 0 in self.server_devices:
+                raise ValueError(
+                    "rollout.weight_transfer=nccl joins the trainer's GPU (device 0) with each "
+                    "generator process's, and NCCL cannot join two processes on one GPU: "
+                    "give rollout.server_devices other devices than 0, or use ipc there"
+                )
             if self.weight_transfer == "ipc":
                 raise ValueError(
                     "rollout.weight_transfer=ipc shares the trainer's GPU memory with processes "
                     "on that GPU, and rollout.server_devices places them on others: remove one "
                     "of them (weight_transfer files or gloo work across devices)"
                 )
+        if self.weight_transfer == "nccl" and self.server_devices is None:
+            raise ValueError(
+                "rollout.weight_transfer=nccl broadcasts from the trainer's GPU to each "
+                "generator process's own, and without rollout.server_devices they share the "
+                "trainer's: set rollout.server_devices, or use rollout.weight_transfer=ipc"
+            )
         if self.sleep_level and self.generator != "colocate":
             raise ValueError(
                 f"rollout.sleep_level={self.sleep_level} puts the colocated vLLM engine to "
@@ -581,6 +594,14 @@ class TrainConfig(Section):
             return self
         import importlib.util
 
+        if self.rollout.weight_transfer == "nccl":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    "rollout.weight_transfer=nccl broadcasts between GPUs, and this machine "
+                    "has none\n  fix: set rollout.weight_transfer=gloo (or files)"
+                )
         if self.rollout.weight_transfer == "ipc":
             if self.launcher.nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 raise ValueError(

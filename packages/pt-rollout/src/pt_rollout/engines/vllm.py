@@ -53,7 +53,7 @@ class VLLMEngine(Engine):
         engine schedules one step at a time (vLLM's async scheduling off), so that
         :meth:`generate` can load new weights between two steps of a generation.
         ``weight_transfer``: a backend of :mod:`pt_rollout.weight_transfer` (``gloo``,
-        ``ipc``)
+        ``ipc``, ``nccl``)
         through which a trainer pushes new weights with vLLM's weight-transfer
         API (:meth:`init_weight_transfer` and the three calls of each push).
         ``sleep_level`` (1 or 2, on a GPU): the engine is built for vLLM's sleep mode, and
@@ -109,10 +109,10 @@ class VLLMEngine(Engine):
                 )
             extra["enable_sleep_mode"] = True
         self.sleep_level = sleep_level
-        if weight_transfer == "ipc" and not current_platform.is_cuda():
+        if weight_transfer in ("ipc", "nccl") and not current_platform.is_cuda():
             raise ValueError(
-                f"weight transfer over ipc shares CUDA memory; vLLM runs on "
-                f"{current_platform.device_type} here: use gloo, or files"
+                f"weight transfer over {weight_transfer} is between CUDA devices; vLLM runs "
+                f"on {current_platform.device_type} here: use gloo, or files"
             )
         if weight_transfer == "ipc":
             # A CUDA IPC handle names torch's types (the storage class, the dtype), which

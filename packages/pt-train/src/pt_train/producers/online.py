@@ -858,7 +858,7 @@ class OnlineProducer(Producer):
         pairs = pairs_to_send(
             state, copy=self._gathered is None and self.rollout.schedule != "sync"
         )
-        if self.rollout.weight_transfer == "ipc":  # handles of the GPU's memory, not the host's
+        if self.rollout.weight_transfer in ("ipc", "nccl"):  # sent from the GPU's memory
             pairs = [(name, t if t.is_cuda else t.to("cuda")) for name, t in pairs]
         return pairs
 
