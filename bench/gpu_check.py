@@ -32,7 +32,12 @@ share of the budget; a check that no longer fits in what is left is skipped. In 
   its own seed, for exact resume) and ``--seeding engine``: generated tokens/s of each.
 - ``sft-0.5b-plain-fp32``: the plain engine (one process, stage 0, fp32) on the GPU.
 - ``sft-0.5b-flash-attn``: flash_attention_2 where flash_attn imports (skipped otherwise).
-- ``vllm``: skipped; vLLM does not fit in what travels to the GPU machine.
+- ``vllm-*``, where vllm imports (skipped elsewhere: vLLM does not fit in what travels to
+  the GPU machine): GRPO's two rounds from the 0.5B SFT model with the colocated vLLM
+  engine (``sleep_level: 2``), and with a vLLM generator process on the same GPU, pushed
+  as files and over CUDA IPC (``weight_push_s``, ``weight_load_s``), and over NCCL to a
+  second GPU where there is one; ``pt-rollout generate --engine vllm`` with per-sample
+  and engine seeding.
 
 ``--only NAME,NAME`` runs those checks (with ``setup``, and ``sft-0.5b-zero2`` when one of
 them starts from its model) and plans the rest, as a dry run does.
@@ -75,17 +80,23 @@ CHECKS = (
     "sft-0.5b-zero2", "sft-0.5b-zero0", "sft-1.5b-zero2", "sft-1.5b-zero0",
     "dft-0.5b", "dpo-0.5b", "opd-0.5b", "grpo-0.5b", "grpo-0.5b-server",
     "rollout-per-sample", "rollout-engine",
-    "sft-0.5b-plain-fp32", "sft-0.5b-flash-attn", "vllm",
+    "sft-0.5b-plain-fp32", "sft-0.5b-flash-attn",
+    "vllm-grpo-0.5b-colocate", "vllm-grpo-0.5b-server-files", "vllm-grpo-0.5b-server-ipc",
+    "vllm-grpo-0.5b-server-nccl", "vllm-rollout-per-sample", "vllm-rollout-engine",
 )  # fmt: skip
+NAME_WIDTH = max(len(name) for name in CHECKS) + 2  # of summary_line's first column
+# The checks of pt's vLLM paths: run where vllm imports, skipped (VLLM_REASON) elsewhere.
+VLLM_CHECKS = tuple(name for name in CHECKS if name.startswith("vllm-"))
 # The checks that start from the model sft-0.5b-zero2 trains.
 FROM_SMALL_MODEL = (
     "dpo-0.5b", "opd-0.5b", "grpo-0.5b", "grpo-0.5b-server", "rollout-per-sample",
-    "rollout-engine",
+    "rollout-engine", *VLLM_CHECKS,
 )  # fmt: skip
 VLLM_REASON = (
-    "vLLM does not fit in what the device tool carries to the GPU machine (64 MiB in all; "
-    "vLLM's wheel and the CUDA libraries it pins are far larger)"
+    "vllm does not import here: it does not fit in what the device tool carries to the GPU "
+    "machine (64 MiB in all; vLLM's wheel and the CUDA libraries it pins are far larger)"
 )
+NCCL_REASON = "one GPU: weight transfer over nccl joins the trainer's GPU with another"
 FLASH_REASON = (
     "flash_attn does not import; the GPU machine does not have it and it does not travel "
     "(a CUDA build of its own, far larger than what is carried)"
@@ -114,6 +125,7 @@ try:
 except Exception as exc:
     info["deepspeed_import"] = f"{type(exc).__name__}: {exc}"
 info["flash_attn"] = importlib.util.find_spec("flash_attn") is not None
+info["vllm"] = importlib.util.find_spec("vllm") is not None
 print(json.dumps(info))
 """
 # What validates planned configs: pt-train's config loader and batch layout, one process
@@ -226,13 +238,14 @@ GPU_PLAN = Plan(
     rollout_n=4,
     rollout_tokens=128,
     rollout_dtype="bfloat16",
-    timeout={"small": 100, "large": 130, "short": 80, "online": 150, "rollout": 60},
-    needs={"small": 40, "large": 60, "short": 35, "online": 40, "rollout": 25},
+    # vllm: a vLLM engine's start (graph capture included) before the work
+    timeout={"small": 100, "large": 130, "short": 80, "online": 150, "rollout": 60, "vllm": 240},
+    needs={"small": 40, "large": 60, "short": 35, "online": 40, "rollout": 25, "vllm": 90},
 )
 
 TINY_A = Shape("tiny (dry run)", 64, 2, 2, 1, 128)
 TINY_B = Shape("tiny, larger (dry run)", 128, 2, 2, 1, 256)
-KINDS = ("small", "large", "short", "online", "rollout")
+KINDS = ("small", "large", "short", "online", "rollout", "vllm")
 DRY_PLAN = Plan(
     small=TINY_A,
     large=TINY_B,
@@ -568,7 +581,7 @@ class Runner:
 
     def online(
         self, name: str, objective: dict, prompts: int, samples: int, rounds: int = 1,
-        **rollout,
+        kind: str = "online", **rollout,
     ) -> None:  # fmt: skip
         """``rounds`` rounds of the online loop: ``prompts`` x ``samples`` rows, one update
         each; ``rollout``: more of the rollout section."""
@@ -585,12 +598,13 @@ class Runner:
                 **rollout,
             },
         )
-        self.from_small_model(name, "online", config)
+        self.from_small_model(name, kind, config)
 
     # ------------------------------------------------------------------ rollouts
 
-    def rollout(self, seeding: str) -> None:
-        p, name = self.plan, f"rollout-{seeding}"
+    def rollout(self, seeding: str, engine: str = "hf") -> None:
+        p = self.plan
+        name = f"rollout-{seeding}" if engine == "hf" else f"{engine}-rollout-{seeding}"
         if not self.models:
             self.skip(name, "no 0.5B model was trained before it")
             return
@@ -598,7 +612,7 @@ class Runner:
         args = [
             "-m", "pt_rollout.cli", "generate", "--model", model,
             "--prompts", str(self.work / "prompts.jsonl"), "--limit", str(p.rollout_prompts),
-            "--engine", "hf", "--n", str(p.rollout_n), "--temperature", "1.0",
+            "--engine", engine, "--n", str(p.rollout_n), "--temperature", "1.0",
             "--max-tokens", str(p.rollout_tokens), "--seed", "0", "--seeding", seeding,
             "--dtype", p.rollout_dtype, "--out", str(out),
         ]  # fmt: skip
@@ -620,7 +634,8 @@ class Runner:
                 "tokens_per_s": manifest.get("tokens_per_s"),
             }
 
-        self.check(name, "rollout", body, plan={"command": ["python", *args]})
+        kind = "rollout" if engine == "hf" else "vllm"
+        self.check(name, kind, body, plan={"command": ["python", *args]})
 
     # ------------------------------------------------------------------ the sequence
 
@@ -656,8 +671,48 @@ class Runner:
             self.sft("sft-0.5b-flash-attn", p.small, zero=0, attention="flash_attention_2")
         else:
             self.skip("sft-0.5b-flash-attn", FLASH_REASON)
-        self.skip("vllm", VLLM_REASON)
+        self.vllm()
         self.validate_planned()
+
+    def vllm(self) -> None:
+        """pt's vLLM paths from the 0.5B SFT model, where vllm imports: GRPO's two rounds
+        with the colocated engine (asleep while the trainer steps) and with a generator
+        process on the same GPU, its weights pushed as files and over CUDA IPC (and over
+        NCCL to a second GPU, where there is one); then pt-rollout's vLLM engine with
+        per-sample and engine seeding."""
+        reason = (
+            VLLM_REASON
+            if not self.env_info.get("vllm")
+            else None
+            if self.env_info["devices"]["kind"] == "cuda"
+            else "no GPU: these checks run vLLM's GPU paths (sleep mode, CUDA IPC, NCCL)"
+        )
+        if reason is not None:
+            for name in VLLM_CHECKS:
+                self.skip(name, reason)
+            return
+        p = self.plan
+        grpo = ({"name": "grpo"}, p.grpo_prompts, p.grpo_samples)
+        # the trainer and vLLM on one GPU: vLLM takes a share, not its default 0.9
+        common = {"kind": "vllm", "engine": "vllm", "gpu_memory_utilization": 0.3}
+        self.online(
+            "vllm-grpo-0.5b-colocate", *grpo, rounds=2, generator="colocate", sleep_level=2,
+            **common,
+        )  # fmt: skip
+        self.online("vllm-grpo-0.5b-server-files", *grpo, rounds=2, generator="server", **common)
+        self.online(
+            "vllm-grpo-0.5b-server-ipc", *grpo, rounds=2, generator="server",
+            weight_transfer="ipc", **common,
+        )  # fmt: skip
+        if self.env_info["devices"]["count"] >= 2:
+            self.online(
+                "vllm-grpo-0.5b-server-nccl", *grpo, rounds=2, generator="server",
+                weight_transfer="nccl", server_devices=[1], kind="vllm", engine="vllm",
+            )  # fmt: skip
+        else:
+            self.skip("vllm-grpo-0.5b-server-nccl", NCCL_REASON)
+        self.rollout("per-sample", engine="vllm")
+        self.rollout("engine", engine="vllm")
 
 
 def summarise(run_dir: Path, warmup: int) -> dict:
@@ -677,6 +732,7 @@ def summarise(run_dir: Path, warmup: int) -> dict:
     }
     for key in (
         "generate_s", "score_s", "completion_tokens_mean", "weight_push_s", "weight_load_s",
+        "sleep_s",
     ):  # fmt: skip
         if key in records[-1]:
             out[key] = records[-1][key]
@@ -687,7 +743,7 @@ def summarise(run_dir: Path, warmup: int) -> dict:
 
 def summary_line(r: dict) -> str:
     """One line per check: its name, status, and its figures or the reason."""
-    head = f"{r['name']:<22}{r['status']:<9}"
+    head = f"{r['name']:<{NAME_WIDTH}}{r['status']:<9}"
     if r["status"] == "planned":
         return head + ("config written" if "config" in r else " ".join(r["command"][1:4]))
     if r["status"] != "ok":

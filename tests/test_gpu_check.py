@@ -41,8 +41,14 @@ ORDER = [
     "rollout-engine",
     "sft-0.5b-plain-fp32",
     "sft-0.5b-flash-attn",
-    "vllm",
+    "vllm-grpo-0.5b-colocate",
+    "vllm-grpo-0.5b-server-files",
+    "vllm-grpo-0.5b-server-ipc",
+    "vllm-grpo-0.5b-server-nccl",
+    "vllm-rollout-per-sample",
+    "vllm-rollout-engine",
 ]
+VLLM_CHECKS = {name for name in ORDER if name.startswith("vllm-")}
 
 
 @pytest.mark.parametrize("shape", [gpu_check.QWEN_05B, gpu_check.QWEN_15B, gpu_check.TINY_A])
@@ -118,12 +124,14 @@ def test_the_dry_run_trains_one_check_and_plans_every_other_one(tmp_path):
     # one line per check on stdout, in the same order
     assert [line.split()[0] for line in proc.stdout.splitlines()] == ORDER
     status = {name: c["status"] for name, c in checks.items()}
-    assert {n for n, s in status.items() if s == "skipped"} == {"sft-0.5b-flash-attn", "vllm"}
+    # this environment has no vllm (it lives in .venv-vllm)
+    assert {n for n, s in status.items() if s == "skipped"} == {"sft-0.5b-flash-attn", *VLLM_CHECKS}
     assert {n for n, s in status.items() if s == "ok"} == {"setup", "sft-0.5b-zero2"}, status
     assert {n for n, s in status.items() if s == "planned"} == set(ORDER) - {
-        "setup", "sft-0.5b-zero2", "sft-0.5b-flash-attn", "vllm"
+        "setup", "sft-0.5b-zero2", "sft-0.5b-flash-attn", *VLLM_CHECKS
     }  # fmt: skip
-    assert "vLLM does not fit" in checks["vllm"]["reason"]
+    for name in VLLM_CHECKS:
+        assert "vllm does not import here" in checks[name]["reason"]
 
     plan = gpu_check.DRY_PLAN
     trained = checks["sft-0.5b-zero2"]
@@ -181,6 +189,70 @@ def test_the_dry_run_trains_one_check_and_plans_every_other_one(tmp_path):
         assert command[command.index("--n") + 1] == str(plan.rollout_n)
 
 
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_where_vllm_imports_on_a_gpu_its_paths_are_planned_from_the_small_model(tmp_path, gpus):
+    """The vLLM checks' plan on a machine with vllm and ``gpus`` GPUs (nothing runs: the
+    plan runs no check): GRPO's two rounds colocated and asleep between them, from a
+    process on the same GPU with files and with CUDA IPC, over NCCL to a second GPU where
+    there is one; pt-rollout's vLLM engine with each seeding."""
+    import dataclasses
+    import time
+
+    plan = dataclasses.replace(gpu_check.DRY_PLAN, run_only=())
+    runner = gpu_check.Runner(
+        plan, dry_run=True, out=tmp_path, work=tmp_path, deadline=time.monotonic() + 3600
+    )
+    try:
+        runner.env_info = {
+            "vllm": True, "devices": {"kind": "cuda", "count": gpus}, "deepspeed_import": None,
+        }  # fmt: skip
+        runner.models = ["/models/sft-0.5b"]
+        runner.vllm()
+    finally:
+        runner.log.close()
+    checks = {c["name"]: c for c in runner.results}
+    assert list(checks) == sorted(VLLM_CHECKS, key=ORDER.index)
+    rollouts = {
+        name: checks[name]["config"]["rollout"] for name in checks if "grpo" in name and
+        checks[name]["status"] == "planned"
+    }  # fmt: skip
+    for name, rollout in rollouts.items():
+        assert checks[name]["config"]["model"]["name_or_path"] == "/models/sft-0.5b"
+        assert checks[name]["config"]["training"]["max_steps"] == 2
+        assert rollout["engine"] == "vllm"
+    colocate = rollouts["vllm-grpo-0.5b-colocate"]
+    assert (colocate["generator"], colocate["sleep_level"]) == ("colocate", 2)
+    assert rollouts["vllm-grpo-0.5b-server-files"].get("weight_transfer") is None
+    assert rollouts["vllm-grpo-0.5b-server-ipc"]["weight_transfer"] == "ipc"
+    if gpus == 1:
+        assert checks["vllm-grpo-0.5b-server-nccl"]["reason"] == gpu_check.NCCL_REASON
+    else:
+        nccl = rollouts["vllm-grpo-0.5b-server-nccl"]
+        assert (nccl["weight_transfer"], nccl["server_devices"]) == ("nccl", [1])
+    for seeding in ("per-sample", "engine"):
+        command = checks[f"vllm-rollout-{seeding}"]["command"]
+        assert command[command.index("--engine") + 1] == "vllm"
+        assert command[command.index("--seeding") + 1] == seeding
+
+
+def test_where_vllm_imports_without_a_gpu_its_checks_are_skipped_for_that(tmp_path):
+    import time
+
+    runner = gpu_check.Runner(
+        gpu_check.DRY_PLAN, dry_run=True, out=tmp_path, work=tmp_path,
+        deadline=time.monotonic() + 3600,
+    )  # fmt: skip
+    try:
+        runner.env_info = {"vllm": True, "devices": {"kind": "cpu", "count": 0}}
+        runner.models = ["/models/sft-0.5b"]
+        runner.vllm()
+    finally:
+        runner.log.close()
+    assert [c["name"] for c in runner.results] == sorted(VLLM_CHECKS, key=ORDER.index)
+    assert {c["status"] for c in runner.results} == {"skipped"}
+    assert all(c["reason"].startswith("no GPU: ") for c in runner.results)
+
+
 @pytest.mark.slow
 def test_a_spent_budget_skips_the_checks_and_still_writes_the_figures(tmp_path):
     """With 1 s for everything, the environment and the set-up still run (everything
@@ -199,7 +271,10 @@ def test_a_spent_budget_skips_the_checks_and_still_writes_the_figures(tmp_path):
     for name in [*SFT_CHECKS, "dft-0.5b", "sft-0.5b-plain-fp32"]:
         assert reasons[name].startswith("the time budget is spent"), name
     for name in gpu_check.FROM_SMALL_MODEL:
-        assert reasons[name] == "no 0.5B model was trained before it", name
+        if name in VLLM_CHECKS:  # this environment has no vllm: that comes first
+            assert reasons[name] == gpu_check.VLLM_REASON, name
+        else:
+            assert reasons[name] == "no 0.5B model was trained before it", name
     assert all(c["status"] == "skipped" for c in result["checks"][1:])
 
 
