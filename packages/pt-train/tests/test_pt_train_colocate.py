@@ -132,6 +132,14 @@ sys.exit(main())
 """
 
 
+def require_vllm_env() -> None:
+    """Skip (fail where the vLLM tests are required) without .venv-vllm's pt-train."""
+    if not (VLLM_BIN / "pt-train").exists():
+        if os.environ.get("PT_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
+            pytest.fail(f"{VLLM_BIN / 'pt-train'} missing; run .ci/setup-vllm.sh")
+        pytest.skip(f"{VLLM_BIN / 'pt-train'} missing; run .ci/setup-vllm.sh")
+
+
 def colocated_run(
     world: Path,
     name: str,
@@ -146,10 +154,7 @@ def colocated_run(
     ``record``: each push recorded in ``<run dir>.pushes.jsonl`` (see RECORD_PUSHES);
     ``delay_push``: each weight-transfer push started a second late (DELAYED_PUSH);
     ``rollout``, ``training``: keys of those sections changed."""
-    if not (VLLM_BIN / "pt-train").exists():
-        if os.environ.get("PT_REQUIRE_VLLM") == "1" or os.environ.get("CI") == "true":
-            pytest.fail(f"{VLLM_BIN / 'pt-train'} missing; run .ci/setup-vllm.sh")
-        pytest.skip(f"{VLLM_BIN / 'pt-train'} missing; run .ci/setup-vllm.sh")
+    require_vllm_env()
     path = world / f"{name}.yaml"
     cfg = config(world, name, student, zero_stage, **(rollout or {}))
     cfg["training"].update(training or {})
@@ -399,6 +404,47 @@ def test_step_off_over_gloo_with_two_processes_is_the_run_with_files(world):
     assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])
 
 
+# Keys that only a machine with GPUs runs, each in a config that is otherwise sound.
+GPU_ONLY = [
+    ({"sleep_level": 2}, "rollout.sleep_level=2 needs a GPU", "remove rollout.sleep_level"),
+    (
+        {"generator": "server", "weight_transfer": "ipc"},
+        "rollout.weight_transfer=ipc needs a GPU",
+        "set rollout.weight_transfer=gloo",
+    ),
+    (
+        {"generator": "server", "servers": 2, "weight_transfer": "nccl", "server_devices": [1, 2]},
+        "rollout.weight_transfer=nccl, rollout.server_devices=[1, 2] need a GPU",
+        "set rollout.weight_transfer=gloo; remove rollout.server_devices",
+    ),
+]
+
+
+@pytest.mark.vllm
+def test_keys_for_gpus_are_checked_by_run_not_by_check(world):
+    """``pt-train check`` (what pt-slurm runs on a login node, which may have no GPU)
+    passes a config for GPU nodes; ``pt-train run`` on this machine, which has none,
+    refuses it with one error naming every such key and its fix, exit 2, before any model
+    is loaded or run directory written."""
+    require_vllm_env()
+    for index, (rollout, said, fix) in enumerate(GPU_ONLY):
+        name = f"gpu-only-{index}"
+        path = world / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config(world, name, **rollout)))
+        checked = subprocess.run(
+            [VLLM_BIN / "pt-train", "check", path], capture_output=True, text=True, timeout=300
+        )
+        assert checked.returncode == 0, checked.stderr[-2000:]
+        ran = subprocess.run(
+            [VLLM_BIN / "pt-train", "run", path], capture_output=True, text=True, timeout=300
+        )
+        err = " ".join(ran.stderr.split())
+        assert ran.returncode == 2, ran.stderr[-2000:]
+        assert said in err and f"fix: {fix}" in err, err
+        assert "Traceback" not in ran.stderr
+        assert not (world / "runs" / name).exists()
+
+
 @pytest.mark.parametrize(
     ("rollout", "sections", "message"),
     [
@@ -419,19 +465,12 @@ def test_step_off_over_gloo_with_two_processes_is_the_run_with_files(world):
         ),
         # the main environment has no vllm (it lives in .venv-vllm)
         ({"engine": "vllm"}, {}, "has no vllm"),
-        # this machine has no GPU, and vLLM's CPU worker ignores sleep mode
-        ({"engine": "vllm", "sleep_level": 1}, {}, "which needs a GPU (CUDA or ROCm)"),
         (
             {"engine": "vllm", "generator": "server", "sleep_level": 2},
             {},
             "rollout.sleep_level=2 puts the colocated vLLM engine to sleep",
         ),
-        # CUDA IPC: a GPU, one rank
-        (
-            {"engine": "vllm", "generator": "server", "weight_transfer": "ipc"},
-            {},
-            "rollout.weight_transfer=ipc hands the generator process CUDA IPC handles",
-        ),
+        # CUDA IPC: one rank (a GPU: test_keys_for_gpus_are_checked_by_run_not_by_check)
         (
             {"engine": "vllm", "generator": "server", "weight_transfer": "ipc"},
             {"launcher": {"nproc": 2}},

@@ -231,26 +231,34 @@ def test_each_process_sees_the_device_it_was_given(tiny_model_dir, monkeypatch):
 
 
 def test_server_devices_are_refused_where_they_place_nothing():
-    """One line naming the key and the fix: no GPU here; a device per process; generator
-    processes only; not with ipc, which shares the trainer's GPU; nccl only with them, and
-    not on the trainer's GPU."""
+    """One line naming the key and the fix: a device index per process; generator
+    processes only; not with ipc, which shares the trainer's GPU, but for device 0; nccl
+    only with them, and not on the trainer's GPU. (A machine without a GPU is pt-train
+    run's to refuse: test_pt_train_colocate.py.)"""
     base = {"run_name": "x", "model": {"name_or_path": "m"}, "training": {"max_steps": 2}}
     cases = [
-        ({"generator": "server", "server_devices": [0]}, "and this machine has no GPU"),
         (
             {"generator": "server", "servers": 2, "server_devices": [0]},
             "names 1 devices for rollout.servers=2 generator processes",
         ),
         ({"server_devices": [0]}, "with rollout.generator=local there are none"),
-        ({"generator": "server", "server_devices": [-1]}, "device indices start at 0"),
+        (
+            {"generator": "server", "server_devices": [-1]},
+            "rollout.server_devices.0' has value -1, expected int",
+        ),
+        (
+            {"generator": "server", "server_devices": [True]},
+            "rollout.server_devices.0' has value true, expected int",
+        ),
         (
             {
                 "generator": "server",
                 "engine": "vllm",
                 "weight_transfer": "ipc",
-                "server_devices": [0],
+                "servers": 2,
+                "server_devices": [0, 1],
             },
-            "places them on others: remove one of them",
+            "server_devices=[0, 1] places processes on others: use rollout.weight_transfer=nccl",
         ),
         (
             {"generator": "server", "engine": "vllm", "weight_transfer": "nccl"},
@@ -265,15 +273,7 @@ def test_server_devices_are_refused_where_they_place_nothing():
             },
             "NCCL cannot join two processes on one GPU",
         ),
-        (
-            {
-                "generator": "server",
-                "engine": "vllm",
-                "weight_transfer": "nccl",
-                "server_devices": [1],
-            },
-            "and this machine has no GPU",
-        ),  # fmt: skip
+        # fmt: skip
     ]
     for rollout, message in cases:
         cfg = {**base, "rollout": {"prompts": "p.jsonl", **rollout}}

@@ -55,11 +55,12 @@ def run(
     86 when the hang watchdog (training.watchdog_minutes) ended it (stacks in RUN_DIR/hang/).
     """
     from pt_core.contracts import REQUEUE_EXIT_CODE
-    from pt_train.config import load_train_config
+    from pt_train.config import check_gpus, load_train_config
     from pt_train.distributed import launched_env, spawn_local_ranks
 
     overrides = split_overrides(overrides)
     cfg = load_train_config(config, overrides)
+    check_gpus(cfg)
     data_path = None
     if data is not None:
         data_path, _ = resolve_input(data, expected=("dataset", "rollouts", "scores", "grades"))
@@ -135,7 +136,10 @@ def check(
         help="Nodes that each start launcher.nproc ranks (world size = nodes x launcher.nproc).",
     ),
 ) -> None:
-    """Validate a config (and show the DeepSpeed JSON it gives) without training."""
+    """Validate a config (and show the DeepSpeed JSON it gives) without training.
+
+    The config alone: whether this machine has the GPUs that rollout.sleep_level,
+    rollout.weight_transfer ipc or nccl and rollout.server_devices need is checked by run."""
     from pt_core.config import config_to_dict
     from pt_core.errors import InputError
     from pt_train.config import batch_layout, load_train_config

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import Field, field_validator, model_validator
 
@@ -288,7 +288,7 @@ class RolloutConfig(SamplingConfig):
     servers: int = Field(default=1, ge=1)
     # server, on a GPU node: the GPU of each generator process, an index among the devices
     # pt-train sees (one per process); unset, every process sees the trainer's devices
-    server_devices: list[int] | None = None
+    server_devices: list[Annotated[int, Field(strict=True, ge=0)]] | None = None
     # how a generator process (server) gets new weights: files, as safetensors written to a
     # directory in memory (/dev/shm) and loaded in place; gloo, broadcast over a gloo group
     # with vLLM's weight-transfer API (engine vllm, no file; pt-train run where vllm is);
@@ -298,7 +298,7 @@ class RolloutConfig(SamplingConfig):
     # colocate, on a GPU: vLLM's sleep mode while the trainer steps. 1: its weights moved
     # to host memory and its KV cache freed; 2: both freed (the push before the next round
     # reloads the weights). 0: the engine keeps its memory.
-    sleep_level: Literal[0, 1, 2] = 0
+    sleep_level: int = Field(default=0, ge=0, le=2, strict=True)
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     max_model_len: int | None = Field(default=None, gt=0)
 
@@ -365,27 +365,28 @@ class RolloutConfig(SamplingConfig):
                     f"rollout.server_devices names {len(self.server_devices)} devices for "
                     f"rollout.servers={self.servers} generator processes: give one per process"
                 )
-            if any(d < 0 for d in self.server_devices):
-                raise ValueError(
-                    f"rollout.server_devices={self.server_devices}: device indices start at 0"
-                )
             if self.weight_transfer == "nccl" and 0 in self.server_devices:
                 raise ValueError(
                     "rollout.weight_transfer=nccl joins the trainer's GPU (device 0) with each "
-                    "generator process's, and NCCL cannot join two processes on one GPU: "
-                    "give rollout.server_devices other devices than 0, or use ipc there"
+                    "generator process's, and NCCL cannot join two processes on one GPU: give "
+                    "rollout.server_devices devices other than 0 (or, for processes on the "
+                    "trainer's GPU, remove rollout.server_devices and use "
+                    "rollout.weight_transfer=ipc)"
                 )
-            if self.weight_transfer == "ipc":
+            if self.weight_transfer == "ipc" and any(self.server_devices):
                 raise ValueError(
-                    "rollout.weight_transfer=ipc shares the trainer's GPU memory with processes "
-                    "on that GPU, and rollout.server_devices places them on others: remove one "
-                    "of them (weight_transfer files or gloo work across devices)"
+                    "rollout.weight_transfer=ipc shares the trainer's GPU memory (device 0) "
+                    f"with processes on that GPU, and rollout.server_devices="
+                    f"{self.server_devices} places processes on others: use "
+                    "rollout.weight_transfer=nccl (or gloo, files) for them, or remove "
+                    "rollout.server_devices"
                 )
         if self.weight_transfer == "nccl" and self.server_devices is None:
             raise ValueError(
                 "rollout.weight_transfer=nccl broadcasts from the trainer's GPU to each "
                 "generator process's own, and without rollout.server_devices they share the "
-                "trainer's: set rollout.server_devices, or use rollout.weight_transfer=ipc"
+                "trainer's: set rollout.server_devices to GPUs other than 0, or use "
+                "rollout.weight_transfer=ipc (one GPU), gloo or files"
             )
         if self.sleep_level and self.generator != "colocate":
             raise ValueError(
@@ -545,15 +546,6 @@ class TrainConfig(Section):
                 "takes merged full-precision weights each round, which pt-train does not build "
                 "from a 4-bit base\n  fix: set rollout.generator=local"
             )
-        if self.rollout.sleep_level:
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError(
-                    f"rollout.sleep_level={self.rollout.sleep_level} is vLLM's sleep mode, "
-                    "which needs a GPU (CUDA or ROCm): vLLM's CPU worker ignores it\n  fix: "
-                    "remove rollout.sleep_level on a machine without a GPU"
-                )
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
@@ -565,28 +557,6 @@ class TrainConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _server_devices_exist(self):
-        """Each generator process's GPU is one pt-train sees. Checked with the config,
-        before the model is loaded."""
-        devices = self.rollout.server_devices
-        if self.rollout.prompts is None or devices is None:
-            return self
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if missing := [d for d in devices if d >= count]:
-            seen = (
-                f"pt-train sees {count} GPU{'s' if count > 1 else ''} (0 to {count - 1})"
-                if count
-                else "this machine has no GPU"
-            )
-            raise ValueError(
-                f"rollout.server_devices names device {missing[0]}, and {seen}\n  fix: name "
-                "devices pt-train sees, or remove rollout.server_devices"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _weight_transfer_has_vllm(self):
         """The trainer drives vLLM's weight-transfer API, so vllm must be importable in
         pt-train's own interpreter too. Checked with the config, before the model is loaded."""
@@ -594,29 +564,14 @@ class TrainConfig(Section):
             return self
         import importlib.util
 
-        if self.rollout.weight_transfer == "nccl":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError(
-                    "rollout.weight_transfer=nccl broadcasts between GPUs, and this machine "
-                    "has none\n  fix: set rollout.weight_transfer=gloo (or files)"
-                )
-        if self.rollout.weight_transfer == "ipc":
-            if self.launcher.nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-                raise ValueError(
-                    "rollout.weight_transfer=ipc shares one rank's weights, and vLLM's IPC "
-                    "sender gathers handles from every rank of the job\n  fix: train on one "
-                    "rank (launcher.nproc=1), or set rollout.weight_transfer=files"
-                )
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError(
-                    "rollout.weight_transfer=ipc hands the generator process CUDA IPC handles "
-                    "of the trainer's weights, which needs a GPU\n  fix: set "
-                    "rollout.weight_transfer=gloo (or files) on a machine without one"
-                )
+        if self.rollout.weight_transfer == "ipc" and (
+            self.launcher.nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1
+        ):
+            raise ValueError(
+                "rollout.weight_transfer=ipc shares one rank's weights, and vLLM's IPC "
+                "sender gathers handles from every rank of the job\n  fix: train on one "
+                "rank (launcher.nproc=1), or set rollout.weight_transfer=files"
+            )
         if importlib.util.find_spec("vllm") is None:
             raise ValueError(
                 f"rollout.weight_transfer={self.rollout.weight_transfer} sends weights with "
@@ -679,6 +634,45 @@ def _reward_section(data: dict, warn: bool) -> dict:
 
 def load_train_config(path, overrides: list[str] | None = None) -> TrainConfig:
     return load_config(path, overrides, TrainConfig)
+
+
+def check_gpus(cfg: TrainConfig) -> None:
+    """The keys that only a machine with GPUs runs, against this machine's: called by
+    ``pt-train run`` before any model is loaded. Not part of the config's validation, so
+    ``pt-train check`` (pt-slurm's, on a login node without a GPU) passes a config written
+    for GPU nodes. ConfigError, naming every such key and its fix, where one does not fit."""
+    r = cfg.rollout
+    if r.prompts is None:
+        return
+    wanted = []  # (key=value, the fix on a machine without a GPU)
+    if r.sleep_level:
+        wanted.append((f"rollout.sleep_level={r.sleep_level}", "remove rollout.sleep_level"))
+    if r.weight_transfer in ("ipc", "nccl"):
+        wanted.append(
+            (f"rollout.weight_transfer={r.weight_transfer}", "set rollout.weight_transfer=gloo")
+        )
+    if r.server_devices is not None:
+        wanted.append(
+            (f"rollout.server_devices={r.server_devices}", "remove rollout.server_devices")
+        )
+    if not wanted:
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        keys = ", ".join(key for key, _ in wanted)
+        raise ConfigError(
+            f"{keys} {'needs' if len(wanted) == 1 else 'need'} a GPU (CUDA or ROCm), and this "
+            "machine has none (vLLM's CPU build has no sleep mode, CUDA IPC or NCCL)",
+            hint="; ".join(fix for _, fix in wanted),
+        )
+    if r.server_devices is not None and (missing := [d for d in r.server_devices if d >= count]):
+        raise ConfigError(
+            f"rollout.server_devices names device {missing[0]}, and pt-train sees {count} "
+            f"GPU{'s' if count > 1 else ''} (0 to {count - 1})",
+            hint="name devices pt-train sees (its CUDA_VISIBLE_DEVICES sets which)",
+        )
 
 
 # Keys that may differ between the frozen config of a run and the config it is
