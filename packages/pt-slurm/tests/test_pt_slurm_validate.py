@@ -54,6 +54,27 @@ def test_a_batch_the_jobs_world_size_does_not_divide_is_refused(slurm_cluster, t
     )
 
 
+def test_a_config_for_gpu_nodes_passes_the_check_on_a_login_node_without_one(tmp_path, pt_slurm):
+    """This machine has no GPU, as a login node may not: a key that needs the job's GPUs
+    (each generator process on a GPU of its own) is the job's pt-train run's to check
+    against its node, so submit's check passes it."""
+    config = {
+        "run_name": "checked",
+        "output_dir": str(tmp_path / "runs"),
+        "model": {"name_or_path": "some/model"},
+        "objective": {"name": "grpo"},
+        "rollout": {"prompts": "p.jsonl", "samples_per_prompt": 4, "generator": "server",
+                    "servers": 2, "server_devices": [1, 2]},
+        "training": {"max_steps": 10, "global_batch_size": 8},
+        "slurm": {"job_name": "pt-checked"},
+    }  # fmt: skip
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    proc = pt_slurm("submit", path, "--dry-run")
+    assert "pt-train config checked at world size 1" in " ".join(proc.stderr.split())
+    assert not (tmp_path / "runs").exists()
+
+
 def _submit_without_pt_train(*args: str) -> subprocess.CompletedProcess:
     """pt-slurm where pt_train and pt_data cannot be imported (a login node without
     them): the check is the job environment's commands either way."""

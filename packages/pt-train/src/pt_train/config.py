@@ -662,9 +662,14 @@ def check_gpus(cfg: TrainConfig) -> None:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
         keys = ", ".join(key for key, _ in wanted)
+        why = (
+            " (vLLM's CPU build has no sleep mode, CUDA IPC or NCCL)"
+            if r.sleep_level or r.weight_transfer in ("ipc", "nccl")
+            else ""
+        )
         raise ConfigError(
             f"{keys} {'needs' if len(wanted) == 1 else 'need'} a GPU (CUDA or ROCm), and this "
-            "machine has none (vLLM's CPU build has no sleep mode, CUDA IPC or NCCL)",
+            f"machine has none{why}",
             hint="; ".join(fix for _, fix in wanted),
         )
     if r.server_devices is not None and (missing := [d for d in r.server_devices if d >= count]):
