@@ -23,9 +23,9 @@ order:
 
 Only plain Python values cross the socket (lists, dicts, numbers), so the two sides need
 not share a torch version (but for ``--weight-transfer ipc``, whose CUDA IPC handles name
-torch's types, and whose two sides share a GPU). Because messages are answered in order, a ``load_weights``
-sent after a ``generate`` does not change that generation: the client decides which
-weights each round is sampled with by the order it sends them in.
+torch's types, and whose two sides share a GPU). Because messages are answered in order,
+a ``load_weights`` sent after a ``generate`` does not change that generation: the client
+decides which weights each round is sampled with by the order it sends them in.
 
 With ``--in-flight`` (vLLM engine), a ``load_weights`` that arrives while a generation
 runs is not queued behind it or behind the messages that came before it: the engine loads
