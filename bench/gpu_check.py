@@ -36,8 +36,9 @@ share of the budget; a check that no longer fits in what is left is skipped. In 
   the GPU machine): GRPO's two rounds from the 0.5B SFT model with the colocated vLLM
   engine (``sleep_level: 2``), and with a vLLM generator process on the same GPU, pushed
   as files and over CUDA IPC (``weight_push_s``, ``weight_load_s``), and over NCCL to a
-  second GPU where there is one; ``pt-rollout generate --engine vllm`` with per-sample
-  and engine seeding.
+  second GPU where there is one; ``bench/weight_push.py --way ipc`` (files against CUDA
+  IPC, Qwen2.5-0.5B's and 1.5B's shapes); ``pt-rollout generate --engine vllm`` with
+  per-sample and engine seeding.
 
 ``--only NAME,NAME`` runs those checks (with ``setup``, and ``sft-0.5b-zero2`` when one of
 them starts from its model) and plans the rest, as a dry run does.
@@ -82,7 +83,8 @@ CHECKS = (
     "rollout-per-sample", "rollout-engine",
     "sft-0.5b-plain-fp32", "sft-0.5b-flash-attn",
     "vllm-grpo-0.5b-colocate", "vllm-grpo-0.5b-server-files", "vllm-grpo-0.5b-server-ipc",
-    "vllm-grpo-0.5b-server-nccl", "vllm-rollout-per-sample", "vllm-rollout-engine",
+    "vllm-grpo-0.5b-server-nccl", "vllm-weight-push", "vllm-rollout-per-sample",
+    "vllm-rollout-engine",
 )  # fmt: skip
 NAME_WIDTH = max(len(name) for name in CHECKS) + 2  # of summary_line's first column
 # The checks of pt's vLLM paths: run where vllm imports, skipped (VLLM_REASON) elsewhere.
@@ -637,6 +639,22 @@ class Runner:
         kind = "rollout" if engine == "hf" else "vllm"
         self.check(name, kind, body, plan={"command": ["python", *args]})
 
+    def weight_push(self) -> None:
+        """bench/weight_push.py on this GPU: files against CUDA IPC to a vLLM generator
+        process on it, for Qwen2.5-0.5B's and 1.5B's shapes (random weights, bfloat16)."""
+        name = "vllm-weight-push"
+        shapes = "qwen2-0.5b,qwen2-1.5b" if self.plan.small is QWEN_05B else "tiny"
+        args = [str(REPO / "bench" / "weight_push.py"), "--shapes", shapes, "--way", "ipc",
+                "--pushes", "3", "--workdir", str(self.work / "weight-push")]  # fmt: skip
+
+        def body(timeout: float) -> dict:
+            code, stdout, seconds = self.run(name, args, timeout)
+            if code != 0:
+                return self.failure(code, seconds, timeout)
+            return {"wall_s": seconds, **json.loads(stdout.strip().splitlines()[-1])}
+
+        self.check(name, "vllm", body, plan={"command": ["python", *args]})
+
     # ------------------------------------------------------------------ the sequence
 
     def all(self) -> None:
@@ -711,6 +729,7 @@ class Runner:
             )  # fmt: skip
         else:
             self.skip("vllm-grpo-0.5b-server-nccl", NCCL_REASON)
+        self.weight_push()
         self.rollout("per-sample", engine="vllm")
         self.rollout("engine", engine="vllm")
 

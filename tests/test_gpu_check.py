@@ -45,6 +45,7 @@ ORDER = [
     "vllm-grpo-0.5b-server-files",
     "vllm-grpo-0.5b-server-ipc",
     "vllm-grpo-0.5b-server-nccl",
+    "vllm-weight-push",
     "vllm-rollout-per-sample",
     "vllm-rollout-engine",
 ]
@@ -229,6 +230,10 @@ def test_where_vllm_imports_on_a_gpu_its_paths_are_planned_from_the_small_model(
     else:
         nccl = rollouts["vllm-grpo-0.5b-server-nccl"]
         assert (nccl["weight_transfer"], nccl["server_devices"]) == ("nccl", [1])
+    push = checks["vllm-weight-push"]["command"]
+    assert push[1].endswith("bench/weight_push.py")
+    assert push[push.index("--way") + 1] == "ipc"
+    assert push[push.index("--shapes") + 1] == "tiny"  # the dry plan's (a GPU's: 0.5b, 1.5b)
     for seeding in ("per-sample", "engine"):
         command = checks[f"vllm-rollout-{seeding}"]["command"]
         assert command[command.index("--engine") + 1] == "vllm"
