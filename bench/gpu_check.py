@@ -698,13 +698,11 @@ class Runner:
         process on the same GPU, its weights pushed as files and over CUDA IPC (and over
         NCCL to a second GPU, where there is one); then pt-rollout's vLLM engine with
         per-sample and engine seeding."""
-        reason = (
-            VLLM_REASON
-            if not self.env_info.get("vllm")
-            else None
-            if self.env_info["devices"]["kind"] == "cuda"
-            else "no GPU: these checks run vLLM's GPU paths (sleep mode, CUDA IPC, NCCL)"
-        )
+        reason = None
+        if not self.env_info.get("vllm"):
+            reason = VLLM_REASON
+        elif self.env_info["devices"]["kind"] != "cuda":
+            reason = "no GPU: these checks run vLLM's GPU paths (sleep mode, CUDA IPC, NCCL)"
         if reason is not None:
             for name in VLLM_CHECKS:
                 self.skip(name, reason)

@@ -158,29 +158,28 @@ def bench_shape(shape: str, workdir: Path, pushes: int, way: str) -> dict:
             # not timed
             version += 1
             pool.wait(pool.submit_push(pairs_to_send(states[1], copy=False), version))
-            for _ in range(pushes):
-                for w in ways:
-                    version += 1
-                    state = states[version % 2]
-                    begin = time.perf_counter()
-                    if w == "files":
-                        for old in target.glob("*.safetensors"):
-                            old.unlink()
-                        save_model_weights(models[version % 2], target, state)
-                        pool.wait(pool.submit_load_weights(str(target), version))
-                    else:
-                        pool.wait(pool.submit_push(pairs_to_send(state, copy=False), version))
-                    seconds[w].append(time.perf_counter() - begin)
-            # the same model by each way, then a greedy generation after each
-            for w in ways:
+
+            def push(w: str, index: int) -> None:
+                """Model ``index``'s weights to the process by way ``w``, as a new version,
+                answered once it has loaded them."""
+                nonlocal version
                 version += 1
                 if w == "files":
                     for old in target.glob("*.safetensors"):
                         old.unlink()
-                    save_model_weights(models[1], target, states[1])
+                    save_model_weights(models[index], target, states[index])
                     pool.wait(pool.submit_load_weights(str(target), version))
                 else:
-                    pool.wait(pool.submit_push(pairs_to_send(states[1], copy=False), version))
+                    pool.wait(pool.submit_push(pairs_to_send(states[index], copy=False), version))
+
+            for _ in range(pushes):
+                for w in ways:
+                    begin = time.perf_counter()
+                    push(w, (version + 1) % 2)  # the other model than the last push's
+                    seconds[w].append(time.perf_counter() - begin)
+            # the same model by each way, then a greedy generation after each
+            for w in ways:
+                push(w, 1)
                 reply = pool.wait(pool.submit_generate(requests, params))
                 answers[w] = [(c["token_ids"], c["logprobs"]) for c in reply["completions"]]
     finally:

@@ -25,17 +25,23 @@ from pt_rollout.output import ResumableOutput, row_key
 log = get_logger(__name__)
 
 
+def visible_entries(visible: str | None) -> list[str] | None:
+    """The devices a ``CUDA_VISIBLE_DEVICES`` value names, in order (indices or UUIDs), or
+    None where it is unset or empty: the names a child process is given its GPUs by."""
+    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    return entries or None
+
+
 def gpu_groups(data_parallel: int, tensor_parallel: int) -> list[str | None]:
     """``CUDA_VISIBLE_DEVICES`` for each worker, or None for each when there is no GPU."""
     import torch
 
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     count = torch.cuda.device_count()
     if count == 0:
         log.warning("no GPU: running %d engines on the CPU", data_parallel)
         return [None] * data_parallel
-    devices = visible.split(",") if visible else [str(i) for i in range(count)]
-    devices = devices[:count]
+    entries = visible_entries(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    devices = (entries or [str(i) for i in range(count)])[:count]
     need = data_parallel * tensor_parallel
     if need > len(devices):
         raise ConfigError(

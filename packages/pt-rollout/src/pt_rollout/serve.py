@@ -256,9 +256,11 @@ def visible_device(index: int, visible: str | None) -> str:
     """``CUDA_VISIBLE_DEVICES`` for a child process that is to see device ``index`` of
     this process's own: with ``visible`` (this process's ``CUDA_VISIBLE_DEVICES``) set,
     its ``index``-th entry (``"4,5,6"`` and 1: ``"5"``), else ``index`` itself."""
-    if visible is None or not visible.strip():
+    from pt_rollout.parallel import visible_entries
+
+    entries = visible_entries(visible)
+    if entries is None:
         return str(index)
-    entries = [e.strip() for e in visible.split(",") if e.strip()]
     if index >= len(entries):
         raise PtError(
             f"device {index} is not among the {len(entries)} this process sees "
