@@ -1,16 +1,20 @@
 """A generator in its own process, for a trainer's online loop.
 
     python -m pt_rollout.serve --socket /tmp/x.sock --model ckpt/ [--teacher big/] ...
+    pt-rollout serve --listen 0.0.0.0:7000 --model ckpt/ [--teacher big/] ...
 
 The process loads an engine (HF or vLLM; its Python can be another environment's, such
-as ``.venv-vllm``), listens on a Unix socket for one client and answers its messages in
-order:
+as ``.venv-vllm``), listens on a Unix socket for one client (a trainer started it), or
+with ``--listen`` on a TCP address for one client at a time (a trainer on another node;
+the next after the last has gone), and answers its messages in order:
 
 - ``{"op": "generate", "key": k, "requests": [[prompt_ids, seed], ...], "params": {...},
   "score": {"top_k": K, "at_student_topk": bool} | None}`` -> the completions (and, with
   ``score``, the teacher's log-probs of them), with the weight ``version`` that made them;
 - ``{"op": "load_weights", "path": dir, "version": v}`` -> the engine loads the
   checkpoint directory ``dir`` in place (no restart) and later completions carry ``v``;
+  with ``"files": {name: bytes}`` in place of ``path`` (a client on another node), the
+  safetensors files themselves, written to a directory in memory here and loaded;
 - with ``--weight-transfer BACKEND`` (vLLM engine), vLLM's weight-transfer handshake
   (:mod:`pt_rollout.weight_transfer`): ``{"op": "init_weight_transfer", "init_info":
   {...}}`` once, then per push ``{"op": "start_weight_update"}``, ``{"op":
@@ -18,7 +22,10 @@ order:
   in) and ``{"op": "finish_weight_update", "version": v}`` -> later completions carry
   ``v``;
 - ``{"op": "info"}`` -> the process's ``pid`` and ``cuda_visible_devices`` (the GPUs it
-  was given, or None);
+  was given, or None), and what a client checks before it uses a process it did not
+  start: its ``engine``, ``model`` and ``model_config`` (the config's shape keys),
+  ``teacher``, ``max_logprobs``, ``logprobs_mode``, ``in_flight``, ``weight_transfer``
+  and weight ``version``;
 - ``{"op": "close"}``.
 
 Only plain Python values cross the socket (lists, dicts, numbers), so the two sides need
@@ -26,6 +33,12 @@ not share a torch version (but for ``--weight-transfer ipc``, whose CUDA IPC han
 torch's types, and whose two sides share a GPU). Because messages are answered in order,
 a ``load_weights`` sent after a ``generate`` does not change that generation: the client
 decides which weights each round is sampled with by the order it sends them in.
+
+Both sockets authenticate the client with a shared key (multiprocessing's HMAC challenge,
+before any message is read): a Unix socket's is made by the client that starts the
+process; a TCP listener's is read from ``--key-file`` (``~/.pt/serve.key`` by default),
+which it writes (mode 0600) where there is none and refuses where others may read it. A
+client that comes while another is served is told so and closed.
 
 With ``--in-flight`` (vLLM engine), a ``load_weights`` that arrives while a generation
 runs is not queued behind it or behind the messages that came before it: the engine loads
@@ -35,9 +48,10 @@ with the new weights (the requests keep their KV cache). Each completion then ca
 ``version`` is the one it started with.
 
 :class:`RemoteGenerator` is the client: it starts the process, sends without waiting,
-and collects each answer by its key. :class:`GeneratorPool` has the same interface over
-several such processes: each generation is split among them, and one that dies has its
-share asked for again from another.
+and collects each answer by its key, or, given an ``address``, connects to a process
+listening there. :class:`GeneratorPool` has the same interface over several such
+processes: each generation is split among them, and one that dies has its share asked for
+again from another.
 """
 
 from __future__ import annotations
@@ -46,7 +60,11 @@ import argparse
 import collections
 import contextlib
 import os
+import queue
 import secrets
+import shutil
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -60,8 +78,73 @@ from pt_core.log import get_logger
 log = get_logger(__name__)
 
 READY = "PT-SERVE-READY"
+DEFAULT_KEY_FILE = "~/.pt/serve.key"
+BUSY_WAIT = 10.0  # seconds a listening process waits for its client to go before refusing
+# the model config's keys that say whether pushed weights fit a model
+SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size",
+              "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "tie_word_embeddings")  # fmt: skip
 TRANSFER_OPS = ("init_weight_transfer", "start_weight_update", "update_weights",
                 "finish_weight_update")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- addresses
+
+
+def parse_address(text: str, *, listen: bool = False) -> tuple[str, int]:
+    """``"host:port"`` (``"[::1]:7000"`` for an IPv6 host) as ``(host, port)``; port 0 (any
+    free port) only where ``listen``. Raises ValueError saying what is wrong."""
+    host, sep, port = str(text).rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    lowest = 0 if listen else 1
+    if not sep or not host or not port.isdigit() or not lowest <= int(port) <= 65535:
+        raise ValueError(
+            f"{text!r} is not an address host:port (a port {lowest}..65535), e.g. node7:7000"
+        )
+    return host, int(port)
+
+
+def key_file_path(path: str | None) -> Path:
+    return Path(os.path.expanduser(path or DEFAULT_KEY_FILE))
+
+
+def read_key(path: str | None, *, create: bool = False) -> bytes:
+    """The shared key in ``path`` (:data:`DEFAULT_KEY_FILE` if None); ``create``: written
+    first, 32 random bytes as hex, mode 0600, where there is none. A key file that others
+    than its owner may read, or that is not one, raises :class:`PtError`."""
+    file = key_file_path(path)
+    if create and not file.exists():
+        file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(FileExistsError):  # another server wrote it first
+            fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32) + "\n")
+            log.info("wrote a new key to %s: the trainer reads the same file", file)
+    if not file.is_file():
+        raise PtError(
+            f"{file}: no key file, which a trainer needs to talk to generator processes on "
+            "other nodes",
+            hint="start them first (pt-rollout serve writes the key there), or copy the key "
+            "file from a node where one runs (rollout.server_key_file names another)",
+        )
+    mode = file.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise PtError(
+            f"{file}: the key file may be read by others (mode {stat.filemode(mode)}), and "
+            "whoever has the key can run code in the generator process",
+            hint=f"chmod 600 {file}",
+        )
+    text = file.read_text().strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise PtError(
+            f"{file}: not a key (at least 32 hex digits on one line)",
+            hint=f"remove {file} and start pt-rollout serve again, which writes a new one",
+        )
+    return key
 
 
 # --------------------------------------------------------------------------- server
@@ -103,14 +186,21 @@ def serve(args) -> None:
     version = args.version
     later: collections.deque = collections.deque()  # read during a generation, not yet due
     push_started = 0.0  # of the weight-transfer push under way
+    transfer_open = False  # a client's weight-transfer group is joined
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(args.model).to_dict()
+    model_config = {key: config.get(key) for key in SHAPE_KEYS}
 
     def transfer(message: dict) -> dict:
         """One call of vLLM's weight-transfer handshake; the reply's fields."""
         nonlocal version, push_started
         assert isinstance(generator, VLLMEngine)  # load_engine's check of --weight-transfer
+        nonlocal transfer_open
         op = message["op"]
         if op == "init_weight_transfer":
             generator.init_weight_transfer(message["init_info"])
+            transfer_open = True
             return {}
         if op == "start_weight_update":
             push_started = time.perf_counter()
@@ -126,13 +216,22 @@ def serve(args) -> None:
     def load(conn, message: dict) -> None:
         nonlocal version
         start = time.perf_counter()
+        received = None  # the files a client on another node sent, written here
         try:
-            generator.load_weights(message["path"])
+            if message.get("files") is not None:
+                base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+                received = tempfile.mkdtemp(prefix="pt-serve-weights-", dir=base)
+                for name, data in message["files"].items():
+                    Path(received, Path(name).name).write_bytes(data)
+            generator.load_weights(received or message["path"])
         except Exception as exc:  # the client raises it with the message
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         else:
             version = message["version"]
             reply = {"version": version, "seconds": time.perf_counter() - start}
+        finally:
+            if received is not None:
+                shutil.rmtree(received, ignore_errors=True)
         conn.send({"key": message.get("key"), "op": "load_weights", **reply})
 
     def between_steps(conn):
@@ -155,83 +254,153 @@ def serve(args) -> None:
 
         return step
 
-    authkey = bytes.fromhex(os.environ.pop("PT_SERVE_AUTHKEY"))
-    with Listener(args.socket, family="AF_UNIX", authkey=authkey) as listener:
-        print(READY, flush=True)
-        with listener.accept() as conn:
-            while True:
-                try:
-                    message = later.popleft() if later else conn.recv()
-                except EOFError:
-                    return
-                op = message.get("op")
-                if op == "close":
-                    return
-                if op == "load_weights":
-                    load(conn, message)
-                    continue
-                try:
-                    if op in TRANSFER_OPS:
-                        if not args.weight_transfer:
-                            raise ValueError(
-                                f"{op}: this generator process was started without "
-                                "--weight-transfer"
-                            )
-                        reply = transfer(message)
-                    elif op == "generate":
-                        start = time.perf_counter()
-                        params = SamplingParams(**message["params"])
-                        requests = [Request(list(ids), seed) for ids, seed in message["requests"]]
-                        started_with = version
-                        if args.in_flight:
-                            assert isinstance(generator, VLLMEngine)  # load_engine's check
-                            completions = generator.generate(
-                                requests, params, between_steps=between_steps(conn),
-                                version=version,
-                            )  # fmt: skip
-                        else:
-                            completions = generator.generate(requests, params)
-                        reply = {
-                            "version": started_with,
-                            "completions": [c.__dict__ for c in completions],
-                            "generate_s": time.perf_counter() - start,
-                        }
-                        if message.get("score"):
-                            if teacher is None:
-                                raise ValueError(
-                                    "scores were asked of a generator process started without "
-                                    "a teacher (--teacher)"
-                                )
-                            start = time.perf_counter()
-                            score = message["score"]
-                            at_ids = None
-                            if score.get("at_student_topk"):
-                                at_ids = [c.topk_ids or [] for c in completions]
-                            scores = teacher.score(
-                                [r.prompt_token_ids for r in requests],
-                                [c.token_ids for c in completions],
-                                top_k=score.get("top_k", 0),
-                                at_ids=at_ids,
-                            )
-                            reply["scores"] = [s.__dict__ for s in scores]
-                            reply["score_s"] = time.perf_counter() - start
-                    elif op == "info":
-                        reply = {
-                            "pid": os.getpid(),
-                            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                        }
+    def session(conn) -> None:
+        """Answer one client until it closes (or goes)."""
+        later.clear()
+        while True:
+            try:
+                message = later.popleft() if later else conn.recv()
+            except (EOFError, OSError):
+                return
+            op = message.get("op")
+            if op == "close":
+                return
+            if op == "load_weights":
+                load(conn, message)
+                continue
+            try:
+                if op in TRANSFER_OPS:
+                    if not args.weight_transfer:
+                        raise ValueError(
+                            f"{op}: this generator process was started without --weight-transfer"
+                        )
+                    reply = transfer(message)
+                elif op == "generate":
+                    start = time.perf_counter()
+                    params = SamplingParams(**message["params"])
+                    requests = [Request(list(ids), seed) for ids, seed in message["requests"]]
+                    started_with = version
+                    if args.in_flight:
+                        assert isinstance(generator, VLLMEngine)  # load_engine's check
+                        completions = generator.generate(
+                            requests, params, between_steps=between_steps(conn),
+                            version=version,
+                        )  # fmt: skip
                     else:
-                        reply = {"error": f"unknown op {op!r}"}
-                except ClientGone:
-                    return
-                except Exception as exc:  # the client raises it with the message
-                    reply = {"error": f"{type(exc).__name__}: {exc}"}
-                conn.send({"key": message.get("key"), "op": op, **reply})
+                        completions = generator.generate(requests, params)
+                    reply = {
+                        "version": started_with,
+                        "completions": [c.__dict__ for c in completions],
+                        "generate_s": time.perf_counter() - start,
+                    }
+                    if message.get("score"):
+                        if teacher is None:
+                            raise ValueError(
+                                "scores were asked of a generator process started without "
+                                "a teacher (--teacher)"
+                            )
+                        start = time.perf_counter()
+                        score = message["score"]
+                        at_ids = None
+                        if score.get("at_student_topk"):
+                            at_ids = [c.topk_ids or [] for c in completions]
+                        scores = teacher.score(
+                            [r.prompt_token_ids for r in requests],
+                            [c.token_ids for c in completions],
+                            top_k=score.get("top_k", 0),
+                            at_ids=at_ids,
+                        )
+                        reply["scores"] = [s.__dict__ for s in scores]
+                        reply["score_s"] = time.perf_counter() - start
+                elif op == "info":
+                    reply = {
+                        "pid": os.getpid(),
+                        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                        "engine": args.engine,
+                        "model": args.model,
+                        "model_config": model_config,
+                        "teacher": args.teacher,
+                        "max_logprobs": args.max_logprobs,
+                        "logprobs_mode": args.logprobs_mode,
+                        "in_flight": bool(args.in_flight),
+                        "weight_transfer": args.weight_transfer,
+                        "version": version,
+                    }
+                else:
+                    reply = {"error": f"unknown op {op!r}"}
+            except ClientGone:
+                return
+            except Exception as exc:  # the client raises it with the message
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
+            conn.send({"key": message.get("key"), "op": op, **reply})
+
+    if args.socket:
+        authkey = bytes.fromhex(os.environ.pop("PT_SERVE_AUTHKEY"))
+        with Listener(args.socket, family="AF_UNIX", authkey=authkey) as listener:
+            print(READY, flush=True)
+            with listener.accept() as conn:
+                session(conn)
+        return
+    host, port = parse_address(args.listen, listen=True)
+    authkey = read_key(args.key_file, create=True)
+    clients: queue.Queue = queue.Queue()
+    idle = threading.Event()
+    idle.set()
+
+    def accept(listener) -> None:
+        """Take each connection: one while none is served goes to the main thread; one
+        that comes while another is served (and still is a few seconds later, the time a
+        trainer that has just left takes to be gone) is told the process is busy and
+        closed."""
+        from multiprocessing import AuthenticationError
+
+        while True:
+            try:
+                conn = listener.accept()
+            except (AuthenticationError, EOFError, ConnectionError):
+                log.warning("a connection was refused: it did not have the key")
+                continue
+            except OSError:  # the listener was closed
+                return
+            if not idle.wait(timeout=BUSY_WAIT):
+                with contextlib.suppress(OSError):
+                    conn.send({"key": None, "op": "busy", "error": (
+                        f"the generator at {args.listen} serves another trainer"
+                    )})  # fmt: skip
+                conn.close()
+                continue
+            idle.clear()
+            clients.put(conn)
+
+    with Listener((host, port), family="AF_INET", authkey=authkey) as listener:
+        bound = listener.address
+        print(f"{READY} {bound[0]}:{bound[1]}", flush=True)
+        log.info(
+            "listening on %s:%d for a trainer (key %s); Ctrl-C stops", bound[0], bound[1],
+            key_file_path(args.key_file),
+        )  # fmt: skip
+        threading.Thread(target=accept, args=(listener,), daemon=True).start()
+        while True:
+            conn = clients.get()
+            log.info("a trainer connected")
+            try:
+                session(conn)
+            finally:
+                conn.close()
+                if transfer_open:  # the next client opens a group of its own
+                    assert isinstance(generator, VLLMEngine)
+                    generator.close_weight_transfer()
+                    transfer_open = False
+                idle.set()
+            log.info("the trainer has gone; weight version %d; waiting for the next", version)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--socket", required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--socket")
+    where.add_argument("--listen")  # host:port
+    parser.add_argument("--key-file", default=None)  # --listen's shared key
     parser.add_argument("--model", required=True)
     parser.add_argument("--engine", default="hf")
     parser.add_argument("--teacher", default=None)
@@ -270,7 +439,8 @@ def visible_device(index: int, visible: str | None) -> str:
 
 
 class RemoteGenerator:
-    """Start ``python -m pt_rollout.serve`` and talk to it; see the module docstring."""
+    """Start ``python -m pt_rollout.serve`` and talk to it, or, given ``address``, talk to
+    one listening there (``pt-rollout serve --listen``); see the module docstring."""
 
     def __init__(
         self,
@@ -292,17 +462,42 @@ class RemoteGenerator:
         weight_transfer: str | None = None,
         device: int | None = None,
         start_timeout: float = 900.0,
+        address: str | None = None,
+        key_file: str | None = None,
     ):
         """``weight_transfer``: a backend of :mod:`pt_rollout.weight_transfer` (``gloo``,
         ``ipc``, ``nccl``) for :meth:`submit_push`, which then needs vLLM in this process too.
         ``device``: the process sees that GPU only, an index among this process's own
-        (:func:`visible_device`); None: the GPUs this process sees."""
+        (:func:`visible_device`); None: the GPUs this process sees.
+
+        ``address`` (``host:port``): no process is started; this connects to the one
+        listening there with the key in ``key_file`` (:func:`read_key`), and only
+        ``weight_transfer`` of the other arguments applies (the process was started with
+        its own). Its weights are whatever it holds: push before generating."""
         from multiprocessing.connection import Client
 
+        self.weight_transfer = weight_transfer
+        self._transfer = None  # the trainer's engine for weight transfer, from the first push
+        self._push_thread: threading.Thread | None = None
+        self._held: list[dict] | None = None  # messages queued while a push is on its way
+        self._lock = threading.Lock()  # one sender on the socket at a time
+        self._replies: dict = {}
+        self._cond = threading.Condition()
+        self._next_key = 0
+        self._refused: str | None = None  # a listening process's answer that it is busy
+        self.address = address
+        self.proc: subprocess.Popen | None = None
+        self.conn = None
+        if address is not None:
+            self._dir = None
+            self.conn = self._connect(address, key_file)
+            self._reader = threading.Thread(target=self._read, args=(self.conn,), daemon=True)
+            self._reader.start()
+            return
         self._dir = Path(tempfile.mkdtemp(prefix="pt-serve-"))
-        address = str(self._dir / "socket")
+        sock = str(self._dir / "socket")
         authkey = secrets.token_bytes(16)
-        cmd = [python or sys.executable, "-m", "pt_rollout.serve", "--socket", address,
+        cmd = [python or sys.executable, "-m", "pt_rollout.serve", "--socket", sock,
                "--model", str(model), "--engine", engine, "--dtype", dtype, "--seed", str(seed),
                "--version", str(version), "--max-logprobs", str(max_logprobs),
                "--logprobs-mode", logprobs_mode, "--decoder", decoder]  # fmt: skip
@@ -318,11 +513,6 @@ class RemoteGenerator:
             cmd.append("--in-flight")
         if weight_transfer:
             cmd += ["--weight-transfer", weight_transfer]
-        self.weight_transfer = weight_transfer
-        self._transfer = None  # the trainer's weight-transfer engine, from the first push
-        self._push_thread: threading.Thread | None = None
-        self._held: list[dict] | None = None  # messages queued while a push is on its way
-        self._lock = threading.Lock()  # one sender on the socket at a time
         env = {**os.environ, "PT_SERVE_AUTHKEY": authkey.hex()}
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible_device(
@@ -338,19 +528,48 @@ class RemoteGenerator:
                 break
             if time.monotonic() > deadline:
                 break
-        if self.proc.poll() is not None or not Path(address).exists():
+        if self.proc.poll() is not None or not Path(sock).exists():
             self.close()
             raise PtError(
                 f"the generator process ({engine} engine, {python or sys.executable}) did not "
                 "start; its errors are above",
                 hint="check rollout.engine and rollout.python (e.g. .venv-vllm/bin/python)",
             )
-        self.conn = Client(address, family="AF_UNIX", authkey=authkey)
-        self._replies: dict = {}
-        self._cond = threading.Condition()
-        self._next_key = 0
+        self.conn = Client(sock, family="AF_UNIX", authkey=authkey)
         self._reader = threading.Thread(target=self._read, args=(self.conn,), daemon=True)
         self._reader.start()
+
+    @staticmethod
+    def _connect(address: str, key_file: str | None):
+        """A connection to the process listening at ``address``, authenticated."""
+        from multiprocessing import AuthenticationError
+        from multiprocessing.connection import Client
+
+        try:
+            host, port = parse_address(address)
+        except ValueError as exc:
+            raise PtError(str(exc)) from None
+        key = read_key(key_file)
+        try:
+            return Client((host, port), family="AF_INET", authkey=key)
+        except AuthenticationError:
+            raise PtError(
+                f"the generator at {address} refused the key in {key_file_path(key_file)}",
+                hint="give the trainer the key file the generator process read (its log "
+                "names it): rollout.server_key_file",
+            ) from None
+        except OSError as exc:
+            raise PtError(
+                f"no generator answers at {address}: {exc.strerror or exc}",
+                hint=f"start one there: pt-rollout serve --listen {host}:{port} --model DIR "
+                "(or correct rollout.servers)",
+            ) from None
+
+    def describe(self) -> str:
+        """Which generator this is, for messages: its address, or its process's pid."""
+        if self.address is not None:
+            return f"the generator at {self.address}"
+        return f"the generator process (pid {self.proc.pid if self.proc else '?'})"
 
     def _read(self, conn) -> None:
         while True:
@@ -362,6 +581,9 @@ class RemoteGenerator:
                     self._cond.notify_all()
                 return
             with self._cond:
+                if reply.get("op") == "busy":  # a listening process that serves another
+                    self._refused = reply.get("error")
+                    continue
                 self._replies[reply["key"]] = reply
                 self._cond.notify_all()
 
@@ -448,6 +670,10 @@ class RemoteGenerator:
         register()
         assert self.weight_transfer is not None  # submit_push's check
         host = "127.0.0.1"  # the process runs on this machine
+        if self.address is not None:  # this machine's address on the way to the process
+            assert self.conn is not None
+            with socket.socket(fileno=os.dup(self.conn.fileno())) as own:
+                host = own.getsockname()[0]
         info = trainer_init_info(
             self.weight_transfer, host=host, port=open_port(host), world_size=2
         )
@@ -469,7 +695,15 @@ class RemoteGenerator:
         )  # fmt: skip
 
     def submit_load_weights(self, path: str, version: int) -> int:
-        return self._send({"op": "load_weights", "path": str(path), "version": version})
+        """Queue the checkpoint directory ``path``'s weights, as version ``version``; to a
+        process on another node (``address``), its safetensors files themselves."""
+        if self.address is None:
+            return self._send({"op": "load_weights", "path": str(path), "version": version})
+        files = {f.name: f.read_bytes() for f in sorted(Path(path).glob("*.safetensors"))}
+        index = Path(path) / "model.safetensors.index.json"
+        if index.exists():
+            files[index.name] = index.read_bytes()
+        return self._send({"op": "load_weights", "files": files, "version": version})
 
     def done(self, key: int) -> bool:
         with self._cond:
@@ -481,14 +715,16 @@ class RemoteGenerator:
         return self.wait(self._send({"op": "info"}))
 
     def alive(self) -> bool:
-        """Whether the process still runs and its socket is open."""
+        """Whether the process still runs (one this started) and its socket is open."""
         with self._cond:
             closed = self._replies.get("_closed", False)
-        return not closed and self.proc.poll() is None
+        return not closed and (self.proc is None or self.proc.poll() is None)
 
     def exit_code(self) -> int | None:
         """The process's exit code once it ended (waiting briefly for one that closed its
-        socket as it ended)."""
+        socket as it ended); None for one this did not start."""
+        if self.proc is None:
+            return None
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
         return self.proc.poll()
@@ -496,7 +732,19 @@ class RemoteGenerator:
     def wait(self, key: int) -> dict:
         with self._cond:
             while key not in self._replies:
-                if self._replies.get("_closed") or self.proc.poll() is not None:
+                if self._refused:
+                    raise PtError(
+                        self._refused,
+                        hint="a generator serves one trainer at a time: wait for the other "
+                        "run to end, or start one more generator for this run",
+                    )
+                if self.proc is None and self._replies.get("_closed"):
+                    raise PtError(
+                        f"{self.describe()} closed the connection; its errors are in its own log"
+                    )
+                if self.proc is not None and (
+                    self._replies.get("_closed") or self.proc.poll() is not None
+                ):
                     raise PtError(
                         f"the generator process ended (exit {self.proc.poll()}); its errors "
                         "are above"
@@ -509,7 +757,7 @@ class RemoteGenerator:
 
     def close(self) -> None:
         thread = getattr(self, "_push_thread", None)
-        if thread is not None and self.proc.poll() is None:
+        if thread is not None and (self.proc is None or self.proc.poll() is None):
             thread.join(timeout=60)
         conn = getattr(self, "conn", None)
         if conn is not None:
@@ -517,14 +765,13 @@ class RemoteGenerator:
                 conn.send({"op": "close"})
             conn.close()
             self.conn = None
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        import shutil
-
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -581,10 +828,19 @@ class GeneratorPool:
     ``seeding: engine`` uses), so one process is started exactly as
     :class:`RemoteGenerator` is, and with ``devices``, GPU ``devices[i]`` (see
     :func:`visible_device`) rather than all this process sees.
+
+    With ``addresses`` (``host:port`` each) no process is started: the pool connects to
+    the processes listening there (``pt-rollout serve --listen``, on other nodes), one per
+    address, with the key in ``key_file``; they were started with their own model and
+    settings (check them with :meth:`info`), so the caller pushes its weights before it
+    asks for a generation.
     """
 
     def __init__(self, model: str, *, servers: int = 1, seed: int = 0, version: int = 0,
-                 devices: list[int] | None = None, **kwargs):  # fmt: skip
+                 devices: list[int] | None = None, addresses: list[str] | None = None,
+                 key_file: str | None = None, **kwargs):  # fmt: skip
+        if addresses is not None:
+            servers = len(addresses)
         if servers < 1:
             raise PtError(f"a generator pool needs at least one process, not {servers}")
         if devices is not None and len(devices) != servers:
@@ -594,6 +850,12 @@ class GeneratorPool:
 
         def start(index: int) -> None:
             try:
+                if addresses is not None:
+                    started[index] = RemoteGenerator(
+                        model, address=addresses[index], key_file=key_file,
+                        weight_transfer=kwargs.get("weight_transfer"),
+                    )  # fmt: skip
+                    return
                 started[index] = RemoteGenerator(
                     model, seed=seed + index, version=version,
                     device=None if devices is None else devices[index], **kwargs,
@@ -783,19 +1045,20 @@ class GeneratorPool:
         prompts = sum(shard["stop"] - shard["start"] for _, shard in owed)
         code = generator.exit_code()
         generator.close()
-        if not self._generators:
-            log.warning(
-                "generator process %d of %d ended (exit %s); none is left",
-                index, self.servers, code,
-            )  # fmt: skip
-            raise PtError(
-                f"every generator process has ended (the last, {index}, with exit {code}); "
-                "their errors are above"
+        if generator.address is None:
+            ended = f"generator process {index} of {self.servers} ended (exit {code})"
+            last = f"the last, {index}, with exit {code}"
+        else:
+            ended = (
+                f"generator {index} of {self.servers} at {generator.address} closed its connection"
             )
+            last = f"the last, {index}, at {generator.address}"
+        if not self._generators:
+            log.warning("%s; none is left", ended)
+            raise PtError(f"every generator process has ended ({last}); their errors are above")
         log.warning(
-            "generator process %d of %d ended (exit %s): re-sending its %d prompts to the "
-            "%d still running",
-            index, self.servers, code, prompts, len(self._generators),
+            "%s: re-sending its %d prompts to the %d still running",
+            ended, prompts, len(self._generators),
         )  # fmt: skip
         for job, shard in owed:
             if not any(s is shard for s in job["shards"]):  # asked for again whole already

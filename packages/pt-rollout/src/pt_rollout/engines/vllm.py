@@ -383,6 +383,11 @@ class VLLMEngine(Engine):
         """Join the trainer's transfer group (blocks until the trainer is in it too)."""
         self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
 
+    def close_weight_transfer(self) -> None:
+        """Leave the trainer's transfer group (the engine keeps generating; a next trainer
+        joins a group of its own with :meth:`init_weight_transfer`)."""
+        self.llm.collective_rpc("shutdown_weight_transfer_engine")
+
     def start_weight_update(self) -> None:
         self.llm.collective_rpc("pt_start_weight_update")
 

@@ -793,6 +793,8 @@ class OnlineProducer(Producer):
 
         r = self.rollout
         path = self._write_weights()
+        if r.server_addresses is not None:
+            return self._connect_servers(path)
         teacher = self.needs.teacher.path if self.needs.teacher is not None else None
         score = self._score_request()
         log.info(
@@ -832,6 +834,105 @@ class OnlineProducer(Producer):
                 "from %s)", r.weight_transfer, path.parent,
             )  # fmt: skip
         return pool
+
+    def _connect_servers(self, path: Path):
+        """The generator processes listening at ``rollout.servers``' addresses (a
+        :class:`~pt_rollout.serve.GeneratorPool` of connections), each checked against what
+        the run needs and given the current weights (as version ``self._version``) before
+        it generates: whatever it held before (its own model, an earlier run's) is replaced."""
+        from pt_rollout.serve import GeneratorPool
+
+        r = self.rollout
+        addresses = r.server_addresses
+        assert addresses is not None  # _start_server's branch
+        pool = GeneratorPool(
+            str(path),
+            addresses=addresses,
+            key_file=r.server_key_file,
+            version=self._version,
+            weight_transfer=None if r.weight_transfer == "files" else r.weight_transfer,
+        )
+        try:
+            for index, info in pool.info().items():
+                self._check_server(addresses[index], info)
+                log.info(
+                    "generator %d at %s: %s engine, pid %d, started on %s at weight version %d",
+                    index, addresses[index], info["engine"], info["pid"], info["model"],
+                    info["version"],
+                )  # fmt: skip
+            start = time.perf_counter()
+            if r.weight_transfer == "files":
+                key = pool.submit_load_weights(str(path), self._version)
+            else:
+                key = pool.submit_push(self._weights_to_send(), self._version)
+            pool.wait(key)
+        except BaseException:
+            pool.close()
+            raise
+        self._pushed_version = self._version
+        log.info(
+            "weights pushed to %d generator%s on other nodes as %s in %.2f s (version %d)",
+            len(addresses), "s" if len(addresses) > 1 else "",
+            "safetensors sent over the connection" if r.weight_transfer == "files"
+            else f"vLLM's weight-transfer API over {r.weight_transfer}",
+            time.perf_counter() - start, self._version,
+        )  # fmt: skip
+        return pool
+
+    def _check_server(self, address: str, info: dict) -> None:
+        """ConfigError, naming the address and the pt-rollout serve option to change, where
+        the process listening there does not generate what this run needs."""
+        from pt_rollout.serve import SHAPE_KEYS
+        from pt_train.checkpoint import hf_model
+
+        r = self.rollout
+        wrong = []  # (what differs, the fix)
+        if info["engine"] != r.engine:
+            wrong.append((f"its engine is {info['engine']}, rollout.engine is {r.engine}",
+                          f"--engine {r.engine}"))  # fmt: skip
+        transfer = None if r.weight_transfer == "files" else r.weight_transfer
+        if info["weight_transfer"] != transfer:
+            wrong.append((
+                f"it takes weights by {info['weight_transfer'] or 'files'}, "
+                f"rollout.weight_transfer is {r.weight_transfer}",
+                f"--weight-transfer {transfer}" if transfer else "no --weight-transfer",
+            ))  # fmt: skip
+        if info["in_flight"] != r.in_flight:
+            wrong.append((
+                f"in-flight updates are {'on' if info['in_flight'] else 'off'} there, "
+                f"rollout.in_flight is {str(r.in_flight).lower()}",
+                "--in-flight" if r.in_flight else "no --in-flight",
+            ))  # fmt: skip
+        if r.engine == "vllm":
+            wanted = self._max_logprobs()
+            if info["max_logprobs"] < wanted:
+                wrong.append((f"it returns at most {info['max_logprobs']} log-probs per "
+                              f"position, the run needs {wanted}",
+                              f"--max-logprobs {wanted}"))  # fmt: skip
+            if info["logprobs_mode"] != self.needs.logprobs_mode:
+                wrong.append((f"its log-probs are {info['logprobs_mode']}, the objective "
+                              f"reads {self.needs.logprobs_mode}",
+                              f"--logprobs-mode {self.needs.logprobs_mode}"))  # fmt: skip
+        teacher = self.needs.teacher.path if self.needs.teacher is not None else None
+        if self._score_request() and info["teacher"] != teacher:
+            wrong.append((f"it scores with teacher {info['teacher']}, objective.teacher.path "
+                          f"is {teacher}", f"--teacher {teacher}"))  # fmt: skip
+        config = hf_model(self.policy()).config.to_dict()
+        theirs = info["model_config"]
+        differ = [
+            f"{k} {theirs[k]} (here {config[k]})"
+            for k in SHAPE_KEYS
+            if theirs.get(k) is not None and config.get(k) is not None and theirs[k] != config[k]
+        ]
+        if differ:
+            wrong.append((f"its model ({info['model']}) is not the policy's shape: "
+                          f"{', '.join(differ)}", "--model with the run's model.name_or_path"))  # fmt: skip
+        if wrong:
+            raise ConfigError(
+                f"rollout.servers: the generator at {address} does not fit this run: "
+                + "; ".join(what for what, _ in wrong),
+                hint="start pt-rollout serve there with " + ", ".join(fix for _, fix in wrong),
+            )
 
     def _push_current(self) -> None:
         """Send the current weights to the generator unless it has them; without waiting
