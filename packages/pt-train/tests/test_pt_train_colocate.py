@@ -366,6 +366,36 @@ def test_a_push_over_gloo_gives_the_generator_process_the_trained_weights(world)
 
 
 @pytest.mark.vllm
+def test_a_process_on_another_node_takes_the_weights_over_gloo(world, tmp_path):
+    """A vLLM process listening on an address (pt-rollout serve --listen, started on the
+    teacher's weights) is given the student's by the connection's first push over gloo:
+    round 0's greedy completions are the HF engine's on the student, round 1's on the
+    step-1 checkpoint; the run goes to the address given, not a process of its own. A
+    second run on the same process (which holds the first's last weights) does too."""
+    from listening import listening
+
+    require_vllm_env()
+    key = tmp_path / "serve.key"
+    teacher = str(world / "teacher")
+    with listening(teacher, key, 1, "--engine", "vllm", "--teacher", teacher,
+                   "--weight-transfer", "gloo", python=str(VLLM_BIN / "python")) as (
+        procs, addresses,
+    ):  # fmt: skip
+        rollout = {"generator": "server", "weight_transfer": "gloo", "servers": addresses,
+                   "server_key_file": str(key)}  # fmt: skip
+        run_dir, stderr = colocated_run(world, "gloo-remote", "student", rollout=rollout)
+        # the process left the first run's group: the next run opens one of its own
+        again, _ = colocated_run(world, "gloo-remote-again", "student", rollout=rollout)
+    for run in (run_dir, again):
+        rows = round_rows(run, 0)
+        assert [r["completion_token_ids"] for r in rows] == hf_greedy(str(world / "student"), rows)
+        assert_round_1_is_the_trained_weights(world, run)
+    said = " ".join(stderr.split())
+    assert f"generator 0 at {addresses[0]}: vllm engine, pid {procs[0].pid}" in said
+    assert "weights pushed to 1 generator on other nodes as vLLM's weight-transfer API" in said
+
+
+@pytest.mark.vllm
 def test_a_push_over_gloo_carries_a_tied_head(world):
     """The tied student's push leaves out ``lm_head.weight`` (the embedding's duplicate):
     the process's head must follow the broadcast embedding, packed CPU copy included."""
