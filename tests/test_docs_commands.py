@@ -247,6 +247,9 @@ ELSEWHERE: dict[str, str | tuple[str, str]] = {
     + "filter_flag_grades_one_filter",
     "pt-eval grade samples_gsm8k_2025-01-01.jsonl --pred-key resps --gold-key doc.answer"
     " --filter flexible-extract": HARNESS_TESTS + "raw_responses_of_one_filter",
+    # a vLLM generator listening for a trainer on another node (here 127.0.0.1, port 0)
+    "pt-rollout serve --listen 0.0.0.0:7000 --model ckpt/ --engine vllm": "packages/pt-train/"
+    "tests/test_pt_train_colocate.py::test_a_process_on_another_node_takes_the_weights_over_gloo",
     # a model directory whose tokenizer has no chat template, given ChatML
     "pt-rollout generate --model models/base --prompts prompts.jsonl --chat-template chatml": "tests/test_real_shapes.py::test_rollout_takes_a_chat_template_when_the_model_has_none",
 }
