@@ -246,15 +246,16 @@ def test_a_process_that_does_not_fit_the_run_is_refused_naming_each_difference(
     producer.policy = lambda: model
     config = model.config.to_dict()
     fits = {"engine": "hf", "weight_transfer": None, "in_flight": False, "max_logprobs": 20,
-            "logprobs_mode": "raw", "teacher": "/models/teacher", "model": "/m",
+            "logprobs_mode": "raw", "teacher": "/models/teacher", "model": "/m", "seed": 5,
+            "teacher_engine": "vllm",
             "model_config": {"vocab_size": config["vocab_size"],
                              "hidden_size": config["hidden_size"]}}  # fmt: skip
-    producer._check_server("node1:7000", fits)
+    producer._check_server(1, "node1:7000", fits)
     unfit = {**fits, "engine": "vllm", "weight_transfer": "gloo", "in_flight": True,
              "teacher": None, "model_config": {"vocab_size": 151936,
                                                "hidden_size": config["hidden_size"]}}  # fmt: skip
     with pytest.raises(ConfigError) as refused:
-        producer._check_server("node1:7000", unfit)
+        producer._check_server(1, "node1:7000", unfit)
     text = " ".join(str(refused.value).split())
     assert "the generator at node1:7000 does not fit this run" in text
     for part in ("its engine is vllm, rollout.engine is hf",
@@ -267,6 +268,15 @@ def test_a_process_that_does_not_fit_the_run_is_refused_naming_each_difference(
         "start pt-rollout serve there with --engine hf, no --weight-transfer, no --in-flight, "
         "--teacher /models/teacher, --model with the run's model.name_or_path"
     )
+    # engine seeding: process i must be seeded as pt-train seeds the i-th it starts
+    producer.rollout = producer.rollout.model_copy(update={"seeding": "engine", "seed": 3})
+    with pytest.raises(ConfigError) as refused:
+        producer._check_server(1, "node1:7000", fits)
+    assert "its engine seed is 5, and rollout.seeding=engine wants rollout.seed + 1 = 4" in str(
+        refused.value
+    )
+    assert refused.value.hint == "start pt-rollout serve there with --seed 4"
+    producer._check_server(1, "node1:7000", {**fits, "seed": 4})
 
 
 class Said(logging.Handler):
@@ -356,3 +366,74 @@ def test_a_grpo_run_on_processes_on_other_nodes_ends_with_started_ones_weights(
     assert [r["completion_token_ids"] for r in rows[:half]] == [
         r["completion_token_ids"] for r in rows[half:]
     ]
+
+
+@pytest.mark.slow  # a generator process that imports torch
+def test_a_stray_connection_or_a_trainer_gone_mid_answer_leaves_the_process_serving(
+    tiny_model_dir, tiny_tokenizer, key_file
+):
+    """Bytes that are not a trainer's (a port scanner, an HTTP probe) are refused without
+    holding up anyone; a trainer whose connection closes while its generation runs is let
+    go when the answer cannot be sent; in both cases the next trainer is served."""
+    import socket
+
+    from pt_rollout.serve import RemoteGenerator, parse_address
+
+    reqs = requests(tiny_tokenizer)
+    long = {"temperature": 1.0, "max_tokens": 64, "logprobs": True}
+    with listening(tiny_model_dir, key_file, 1) as (procs, addresses):
+        host, port = parse_address(addresses[0])
+        with socket.create_connection((host, port)) as stray:
+            stray.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            silent = socket.create_connection((host, port))  # says nothing, stays open
+            gone = RemoteGenerator("", address=addresses[0], key_file=str(key_file))
+            gone.submit_generate(reqs * 8, long)
+            gone.conn.close()  # no close message: the process finds out as it answers
+            gone.conn = None
+            with GeneratorPool("", addresses=addresses, key_file=str(key_file)) as pool:
+                answer = pool.wait(pool.submit_generate(reqs, long))
+            silent.close()
+        assert len(answer["completions"]) == 7
+        assert procs[0].poll() is None
+
+
+@pytest.mark.slow  # a generator process and a pt-train run
+def test_a_process_with_another_models_shape_stops_the_run_with_one_error(
+    tmp_path, tiny_model_dir, tiny_tokenizer, key_file
+):
+    """pt-train run against a process serving a model of another width: exit 2, one
+    error naming the address, the differing keys and the fix; no traceback."""
+    import yaml
+
+    from pt_train.model import build_llama
+
+    narrow = tmp_path / "narrow"
+    build_llama(tiny_tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=0).save_pretrained(
+        str(narrow)
+    )
+    tiny_tokenizer.save_pretrained(str(narrow))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"{i} + {i}?",
+                                           "answer": str(2 * i)}) + "\n" for i in range(4)))  # fmt: skip
+    with listening(narrow, key_file, 1) as (_, addresses):
+        cfg = {
+            "run_name": "narrow", "output_dir": str(tmp_path / "runs"),
+            "model": {"name_or_path": str(tiny_model_dir)},
+            "objective": {"name": "grpo"},
+            "rollout": {"prompts": str(prompts), "samples_per_prompt": 2, "max_tokens": 4,
+                        "generator": "server", "servers": addresses,
+                        "server_key_file": str(key_file)},
+            "training": {"global_batch_size": 4, "micro_batch_size": 2, "max_steps": 1},
+        }  # fmt: skip
+        path = tmp_path / "narrow.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        done = subprocess.run(
+            [sys.executable, "-m", "pt_train.cli", "run", str(path)],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"the generator at {addresses[0]} does not fit this run" in said, said[-2000:]
+    assert "hidden_size 64 (here 128)" in said
+    assert "--model with the run's model.name_or_path" in said
+    assert "Traceback" not in done.stderr

@@ -92,16 +92,32 @@ TRANSFER_OPS = ("init_weight_transfer", "start_weight_update", "update_weights",
 
 
 def parse_address(text: str, *, listen: bool = False) -> tuple[str, int]:
-    """``"host:port"`` (``"[::1]:7000"`` for an IPv6 host) as ``(host, port)``; port 0 (any
+    """``"host:port"`` (a host name or an IPv4 address) as ``(host, port)``; port 0 (any
     free port) only where ``listen``. Raises ValueError saying what is wrong."""
     host, sep, port = str(text).rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
     lowest = 0 if listen else 1
-    if not sep or not host or not port.isdigit() or not lowest <= int(port) <= 65535:
+    if not sep or not host or ":" in host or not port.isdigit() or not lowest <= int(port) <= 65535:
         raise ValueError(
-            f"{text!r} is not an address host:port (a port {lowest}..65535), e.g. node7:7000"
+            f"{text!r} is not an address host:port (a host name or IPv4 address, a port "
+            f"{lowest}..65535), e.g. node7:7000"
         )
     return host, int(port)
+
+
+def shape_of(config: dict) -> dict:
+    """A model config's :data:`SHAPE_KEYS` (a multimodal config's from its ``text_config``
+    where it has none of its own)."""
+    text = config.get("text_config") or {}
+    return {key: config.get(key, text.get(key)) for key in SHAPE_KEYS}
+
+
+def keepalive(sock: socket.socket) -> None:
+    """TCP keepalive on ``sock``, so that a peer that vanished (a node powered off, a
+    network cut) ends the connection in about two minutes instead of never."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 6)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def key_file_path(path: str | None) -> Path:
@@ -115,11 +131,17 @@ def read_key(path: str | None, *, create: bool = False) -> bytes:
     file = key_file_path(path)
     if create and not file.exists():
         file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with contextlib.suppress(FileExistsError):  # another server wrote it first
-            fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
+        # written whole under another name, then linked: a server on another node that
+        # shares this directory never reads half a key, and the first link wins
+        fd, written = tempfile.mkstemp(dir=file.parent, prefix=".serve-key-")
+        try:
+            with os.fdopen(fd, "w") as fh:  # mkstemp's mode is 0600
                 fh.write(secrets.token_hex(32) + "\n")
-            log.info("wrote a new key to %s: the trainer reads the same file", file)
+            with contextlib.suppress(FileExistsError):  # another server wrote it first
+                os.link(written, file)
+                log.info("wrote a new key to %s: the trainer reads the same file", file)
+        finally:
+            os.unlink(written)
     if not file.is_file():
         raise PtError(
             f"{file}: no key file, which a trainer needs to talk to generator processes on "
@@ -160,6 +182,17 @@ def serve(args) -> None:
     from pt_rollout.engines import Request, SamplingParams, load_engine
     from pt_rollout.engines.vllm import VLLMEngine
 
+    server = None  # --listen's socket, bound (and its key read) before the engine loads
+    if args.listen:
+        host, port = parse_address(args.listen, listen=True)
+        authkey = read_key(args.key_file, create=True)
+        try:
+            server = socket.create_server((host, port), backlog=16)
+        except OSError as exc:
+            raise PtError(
+                f"cannot listen on {args.listen}: {exc.strerror or exc}",
+                hint="choose another port (0: any free one), or stop what listens there",
+            ) from None
     generator = load_engine(
         args.engine,
         args.model,
@@ -189,8 +222,13 @@ def serve(args) -> None:
     transfer_open = False  # a client's weight-transfer group is joined
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(args.model).to_dict()
-    model_config = {key: config.get(key) for key in SHAPE_KEYS}
+    model_config = shape_of(AutoConfig.from_pretrained(args.model).to_dict())
+
+    def send(conn, message: dict) -> None:
+        try:
+            conn.send(message)
+        except OSError:  # the client went while this answered it
+            raise ClientGone from None
 
     def transfer(message: dict) -> dict:
         """One call of vLLM's weight-transfer handshake; the reply's fields."""
@@ -232,7 +270,7 @@ def serve(args) -> None:
         finally:
             if received is not None:
                 shutil.rmtree(received, ignore_errors=True)
-        conn.send({"key": message.get("key"), "op": "load_weights", **reply})
+        send(conn, {"key": message.get("key"), "op": "load_weights", **reply})
 
     def between_steps(conn):
         """In-flight updates: the weight loads that arrived during a generation, done
@@ -240,10 +278,12 @@ def serve(args) -> None:
 
         def step() -> int | None:
             loaded = None
-            while conn.poll():
+            while True:
                 try:
+                    if not conn.poll():
+                        break
                     message = conn.recv()
-                except EOFError:  # the client is gone: no one wants this generation
+                except (EOFError, OSError):  # the client is gone: no one wants this generation
                     raise ClientGone from None
                 if message.get("op") == "load_weights":
                     load(conn, message)
@@ -325,6 +365,11 @@ def serve(args) -> None:
                         "in_flight": bool(args.in_flight),
                         "weight_transfer": args.weight_transfer,
                         "version": version,
+                        "seed": args.seed,
+                        "dtype": args.dtype,
+                        "teacher_engine": (args.teacher_engine or args.engine)
+                        if args.teacher
+                        else None,
                     }
                 else:
                     reply = {"error": f"unknown op {op!r}"}
@@ -332,67 +377,93 @@ def serve(args) -> None:
                 return
             except Exception as exc:  # the client raises it with the message
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
-            conn.send({"key": message.get("key"), "op": op, **reply})
+            send(conn, {"key": message.get("key"), "op": op, **reply})
 
-    if args.socket:
+    if server is None:
         authkey = bytes.fromhex(os.environ.pop("PT_SERVE_AUTHKEY"))
         with Listener(args.socket, family="AF_UNIX", authkey=authkey) as listener:
             print(READY, flush=True)
-            with listener.accept() as conn:
+            with listener.accept() as conn, contextlib.suppress(ClientGone):
                 session(conn)
         return
-    host, port = parse_address(args.listen, listen=True)
-    authkey = read_key(args.key_file, create=True)
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+
     clients: queue.Queue = queue.Queue()
     idle = threading.Event()
     idle.set()
+    handoff = threading.Lock()  # one connection at a time decides whether it is served
 
-    def accept(listener) -> None:
-        """Take each connection: one while none is served goes to the main thread; one
-        that comes while another is served (and still is a few seconds later, the time a
-        trainer that has just left takes to be gone) is told the process is busy and
-        closed."""
-        from multiprocessing import AuthenticationError
-
-        while True:
-            try:
-                conn = listener.accept()
-            except (AuthenticationError, EOFError, ConnectionError):
-                log.warning("a connection was refused: it did not have the key")
-                continue
-            except OSError:  # the listener was closed
-                return
+    def handshake(sock: socket.socket, peer) -> None:
+        """Authenticate one connection (in a thread of its own, so one that says nothing
+        holds up no other), then hand it to the main thread if none is served, or, once
+        one is and still is a few seconds later (the time a trainer that has just left
+        takes to be gone), tell it the process is busy and close it."""
+        keepalive(sock)
+        conn = Connection(sock.detach())
+        try:
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
+        except Exception as exc:  # a wrong key, a port scanner, a client gone at once
+            why = (
+                "it did not have the key"
+                if isinstance(exc, AuthenticationError)
+                else f"not a trainer ({type(exc).__name__}: {exc})"
+            )
+            log.warning("a connection from %s was refused: %s", peer[0], why)
+            conn.close()
+            return
+        with handoff:
             if not idle.wait(timeout=BUSY_WAIT):
                 with contextlib.suppress(OSError):
                     conn.send({"key": None, "op": "busy", "error": (
                         f"the generator at {args.listen} serves another trainer"
                     )})  # fmt: skip
                 conn.close()
-                continue
+                return
             idle.clear()
-            clients.put(conn)
+        clients.put((conn, peer[0]))
 
-    with Listener((host, port), family="AF_INET", authkey=authkey) as listener:
-        bound = listener.address
+    def accept() -> None:
+        assert server is not None
+        while True:
+            try:
+                sock, peer = server.accept()
+            except OSError:  # the socket was closed: the process ends
+                return
+            threading.Thread(target=handshake, args=(sock, peer), daemon=True).start()
+
+    with server:
+        bound = server.getsockname()
         print(f"{READY} {bound[0]}:{bound[1]}", flush=True)
         log.info(
             "listening on %s:%d for a trainer (key %s); Ctrl-C stops", bound[0], bound[1],
             key_file_path(args.key_file),
         )  # fmt: skip
-        threading.Thread(target=accept, args=(listener,), daemon=True).start()
+        threading.Thread(target=accept, daemon=True).start()
         while True:
-            conn = clients.get()
-            log.info("a trainer connected")
+            conn, peer = clients.get()
+            log.info("a trainer connected from %s", peer)
+            gone = "the trainer has gone"
             try:
                 session(conn)
+            except ClientGone:
+                gone = "the trainer went while it was answered"
             finally:
                 conn.close()
                 if transfer_open:  # the next client opens a group of its own
                     assert isinstance(generator, VLLMEngine)
-                    generator.close_weight_transfer()
+                    try:
+                        generator.close_weight_transfer()
+                    except Exception as exc:  # a push it left half done
+                        log.warning(
+                            "the weight-transfer group of the trainer that left could not "
+                            "be closed (%s: %s); the next trainer's push may fail",
+                            type(exc).__name__, exc,
+                        )  # fmt: skip
                     transfer_open = False
                 idle.set()
-            log.info("the trainer has gone; weight version %d; waiting for the next", version)
+            log.info("%s; weight version %d; waiting for the next", gone, version)
 
 
 def main() -> None:
@@ -551,7 +622,7 @@ class RemoteGenerator:
             raise PtError(str(exc)) from None
         key = read_key(key_file)
         try:
-            return Client((host, port), family="AF_INET", authkey=key)
+            conn = Client((host, port), family="AF_INET", authkey=key)
         except AuthenticationError:
             raise PtError(
                 f"the generator at {address} refused the key in {key_file_path(key_file)}",
@@ -564,6 +635,9 @@ class RemoteGenerator:
                 hint=f"start one there: pt-rollout serve --listen {host}:{port} --model DIR "
                 "(or correct rollout.servers)",
             ) from None
+        with socket.socket(fileno=os.dup(conn.fileno())) as own:  # the same socket
+            keepalive(own)
+        return conn
 
     def describe(self) -> str:
         """Which generator this is, for messages: its address, or its process's pid."""
@@ -1055,7 +1129,8 @@ class GeneratorPool:
             last = f"the last, {index}, at {generator.address}"
         if not self._generators:
             log.warning("%s; none is left", ended)
-            raise PtError(f"every generator process has ended ({last}); their errors are above")
+            where = "above" if generator.address is None else "in their own logs"
+            raise PtError(f"every generator process has ended ({last}); their errors are {where}")
         log.warning(
             "%s: re-sending its %d prompts to the %d still running",
             ended, prompts, len(self._generators),

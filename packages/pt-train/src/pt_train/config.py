@@ -782,6 +782,7 @@ RESUME_FREE_KEYS = (
     "rollout.gpu_memory_utilization",
     "rollout.sleep_level",
     "rollout.server_devices",
+    "rollout.servers",
     "rollout.server_key_file",
     "launcher",
     "deepspeed.engine",

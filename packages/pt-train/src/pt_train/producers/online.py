@@ -857,7 +857,7 @@ class OnlineProducer(Producer):
         )
         try:
             for index, info in pool.info().items():
-                self._check_server(addresses[index], info)
+                self._check_server(index, addresses[index], info)
                 log.info(
                     "generator %d at %s: %s engine, pid %d, started on %s at weight version %d",
                     index, addresses[index], info["engine"], info["pid"], info["model"],
@@ -882,10 +882,11 @@ class OnlineProducer(Producer):
         )  # fmt: skip
         return pool
 
-    def _check_server(self, address: str, info: dict) -> None:
+    def _check_server(self, index: int, address: str, info: dict) -> None:
         """ConfigError, naming the address and the pt-rollout serve option to change, where
-        the process listening there does not generate what this run needs."""
-        from pt_rollout.serve import SHAPE_KEYS
+        the process listening there (the ``index``-th) does not generate what this run
+        needs; what a process pt-train starts would be given is what it must have."""
+        from pt_rollout.serve import SHAPE_KEYS, shape_of
         from pt_train.checkpoint import hf_model
 
         r = self.rollout
@@ -916,11 +917,21 @@ class OnlineProducer(Producer):
                 wrong.append((f"its log-probs are {info['logprobs_mode']}, the objective "
                               f"reads {self.needs.logprobs_mode}",
                               f"--logprobs-mode {self.needs.logprobs_mode}"))  # fmt: skip
+        if r.seeding == "engine" and info["seed"] != r.seed + index:
+            # a started process i is seeded rollout.seed + i
+            wrong.append((f"its engine seed is {info['seed']}, and rollout.seeding=engine "
+                          f"wants rollout.seed + {index} = {r.seed + index}",
+                          f"--seed {r.seed + index}"))  # fmt: skip
+        score = self._score_request()
         teacher = self.needs.teacher.path if self.needs.teacher is not None else None
-        if self._score_request() and info["teacher"] != teacher:
+        if score and info["teacher"] != teacher:
             wrong.append((f"it scores with teacher {info['teacher']}, objective.teacher.path "
                           f"is {teacher}", f"--teacher {teacher}"))  # fmt: skip
-        config = hf_model(self.policy()).config.to_dict()
+        elif score and score["at_student_topk"] and info["teacher_engine"] != "hf":
+            wrong.append((f"its teacher runs on the {info['teacher_engine']} engine, and the "
+                          "teacher's log-probs at the student's top-k need the HF engine",
+                          "--teacher-engine hf"))  # fmt: skip
+        config = shape_of(hf_model(self.policy()).config.to_dict())
         theirs = info["model_config"]
         differ = [
             f"{k} {theirs[k]} (here {config[k]})"
