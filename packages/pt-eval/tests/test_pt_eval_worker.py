@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -124,6 +125,55 @@ def _start_grading(tmp_path):
     assert list(sockets.glob("pt-eval-*")), "the pool never started"
     time.sleep(1.5)  # the fork server imports sympy and the workers take items
     return proc, sockets
+
+
+# pt-eval grade whose pool cannot close (as if the signal had left a lock held), with a
+# 2-second grace: what a SIGTERM must still end.
+STUCK_CLOSE = """
+import sys, threading
+from pt_eval import cli
+from pt_eval.worker import GradingPool
+cli.TERMINATE_GRACE = 2.0
+GradingPool.close = lambda self: threading.Event().wait()
+sys.argv = ["pt-eval", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_sigterm_ends_a_grading_that_cannot_unwind(tmp_path):
+    """Should unwinding hang, the process still ends after the grace: its fork server
+    and workers killed, its socket directory removed, one line, SIGTERM's exit code."""
+    import subprocess
+    import sys
+    import time
+
+    _busy_file(tmp_path / "busy.jsonl")
+    sockets = tmp_path / "tmp"
+    sockets.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUCK_CLOSE, "grade", str(tmp_path / "busy.jsonl"),
+         "--workers", "2", "--timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "TMPDIR": str(sockets)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(sockets.glob("pt-eval-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)
+    server_pids = [int(p) for p in subprocess.run(
+        ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()]  # fmt: skip
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "the grading did not unwind in time" in stderr
+    assert "Traceback" not in stderr
+    assert list(sockets.glob("pt-eval-*")) == []
+    time.sleep(0.5)
+    for pid in server_pids:  # the fork server was killed, not left behind
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        )
 
 
 def test_sigterm_removes_the_socket_directory(tmp_path):

@@ -264,8 +264,29 @@ class _OneLineUsageErrors:
             raise InputError(f"{usage_error.format_message()} (see {command} --help)") from None
 
 
+# seconds a SIGTERM'd grading has to unwind before it is ended without unwinding
+TERMINATE_GRACE = 15.0
+
+
 def _terminate(signum, frame) -> None:
-    raise SystemExit(128 + signum)  # unwinds: the grading pool closes and removes its socket
+    """Unwind (the grading pool closes and removes its socket directory); should the
+    unwinding not end within TERMINATE_GRACE (a signal that landed inside a lock's
+    acquisition can leave it held), kill the pool's processes, remove its directory and
+    end the process anyway, with the same exit code."""
+    import os
+    import threading
+    import time
+
+    def deadline() -> None:
+        time.sleep(TERMINATE_GRACE)
+        from pt_eval.worker import abandon_open_pools
+
+        abandon_open_pools()
+        os.write(2, b"error: stopped (SIGTERM); the grading did not unwind in time\n")
+        os._exit(128 + signum)
+
+    threading.Thread(target=deadline, daemon=True).start()
+    raise SystemExit(128 + signum)
 
 
 # make_main only calls its app, as the wrapper is called

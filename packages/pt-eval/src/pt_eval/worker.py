@@ -24,6 +24,7 @@ from any thread and never hangs on a stuck item.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -85,6 +87,25 @@ class _Worker:
         self.outbuf = bytearray()
         self.inbuf = bytearray()
         self.alive = True
+
+
+# the pools whose fork server runs, for abandon_open_pools
+_OPEN_POOLS: weakref.WeakSet[GradingPool] = weakref.WeakSet()
+
+
+def abandon_open_pools() -> None:
+    """Kill every open pool's fork server and workers and remove its socket directory,
+    without waiting or taking a lock: for a process that must end now (see pt_eval.cli's
+    SIGTERM handling)."""
+    for pool in list(_OPEN_POOLS):
+        pids = [w.pid for w in pool.workers if w.pid is not None]
+        if pool._server is not None:
+            pids.append(pool._server.pid)
+        for pid in pids:
+            with contextlib.suppress(OSError):  # already gone
+                os.kill(pid, signal.SIGKILL)
+        if pool._tmpdir is not None:
+            shutil.rmtree(pool._tmpdir, ignore_errors=True)
 
 
 class GradingPool:
@@ -155,6 +176,7 @@ class GradingPool:
         self._server_started = time.monotonic()
         self._server_buf = bytearray()
         self._spawns.clear()
+        _OPEN_POOLS.add(self)
 
     def wait_ready(self) -> None:
         """Block until every worker is connected (useful before timing a run)."""
@@ -187,6 +209,7 @@ class GradingPool:
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+        _OPEN_POOLS.discard(self)
 
     # ------------------------------------------------------------------ grading
     def grade(
