@@ -127,8 +127,9 @@ def test_a_key_that_others_may_read_or_that_is_missing_is_refused(tmp_path):
     loose.chmod(0o600)
     assert read_key(str(loose)) == bytes.fromhex("ab" * 32)
     loose.write_text("not a key")
-    with pytest.raises(PtError, match="not a key"):
+    with pytest.raises(PtError, match="not a key") as refused:
         read_key(str(loose))
+    assert refused.value.hint == "copy the key file from a node where pt-rollout serve runs"
     made = tmp_path / "new" / "serve.key"
     assert len(read_key(str(made), create=True)) == 32
     assert oct(made.stat().st_mode & 0o777) == "0o600"
@@ -153,6 +154,10 @@ def test_a_wrong_key_or_no_process_at_an_address_is_refused(tiny_model_dir, key_
         GeneratorPool("", addresses=[free], key_file=str(key_file))
     assert f"no generator answers at {free}" in str(refused.value)
     assert f"pt-rollout serve --listen {free}" in refused.value.hint
+    with pytest.raises(PtError) as refused:  # a host name with a typo
+        GeneratorPool("", addresses=["no-such-node.invalid:7000"], key_file=str(key_file))
+    assert "the host of no-such-node.invalid:7000 is not known here" in str(refused.value)
+    assert refused.value.hint == "check the host name (or use the node's IPv4 address)"
 
 
 def test_serve_refuses_bad_options_with_one_line(tmp_path):
@@ -162,6 +167,7 @@ def test_serve_refuses_bad_options_with_one_line(tmp_path):
         (["--listen", "127.0.0.1:0", "--engine", "auto"], "--engine 'auto'"),
         (["--listen", "127.0.0.1:0", "--weight-transfer", "ipc"], "--weight-transfer 'ipc'"),
         (["--listen", "127.0.0.1:0", "--weight-transfer", "gloo"], "is vLLM's API"),
+        (["--listen", "127.0.0.1:0", "--logprobs-mode", "weird"], "not a mode of vLLM's"),
     ):
         done = subprocess.run(
             [sys.executable, "-m", "pt_rollout.cli", "serve", "--model", str(tmp_path), *args],
@@ -261,7 +267,7 @@ def test_a_process_that_does_not_fit_the_run_is_refused_naming_each_difference(
     for part in ("its engine is vllm, rollout.engine is hf",
                  "it takes weights by gloo, rollout.weight_transfer is files",
                  "in-flight updates are on there, rollout.in_flight is false",
-                 "it scores with teacher None, objective.teacher.path is /models/teacher",
+                 "it scores with no teacher, objective.teacher.path is /models/teacher",
                  f"vocab_size 151936 (here {config['vocab_size']})"):  # fmt: skip
         assert part in text, text
     assert refused.value.hint == (

@@ -304,8 +304,13 @@ def serve_cmd(
         raise ConfigError(f"--engine {engine!r}", hint="use hf or vllm (rollout.engine's)")
     if weight_transfer not in (None, "gloo", "nccl"):
         raise ConfigError(
-            f"--weight-transfer {weight_transfer!r}",
+            f"--weight-transfer {weight_transfer!r}: not a way to a trainer on another node",
             hint="use gloo or nccl (ipc shares a GPU with the trainer, on its own node)",
+        )
+    if logprobs_mode not in ("raw", "processed"):
+        raise ConfigError(
+            f"--logprobs-mode {logprobs_mode!r}: not a mode of vLLM's log-probs",
+            hint="use raw (OPD's) or processed (GRPO's: the distribution sampled from)",
         )
     if weight_transfer and engine != "vllm":
         raise ConfigError(

@@ -111,6 +111,12 @@ def shape_of(config: dict) -> dict:
     return {key: config.get(key, text.get(key)) for key in SHAPE_KEYS}
 
 
+def local_path(name: str) -> str:
+    """``name`` as an absolute path where it is a path on this machine (a hub name, or a
+    path that is not here, as given): what two processes compare."""
+    return str(Path(name).resolve()) if Path(name).exists() else name
+
+
 def keepalive(sock: socket.socket) -> None:
     """TCP keepalive on ``sock``, so that a peer that vanished (a node powered off, a
     network cut) ends the connection in about two minutes instead of never."""
@@ -164,7 +170,9 @@ def read_key(path: str | None, *, create: bool = False) -> bytes:
     if len(key) < 16:
         raise PtError(
             f"{file}: not a key (at least 32 hex digits on one line)",
-            hint=f"remove {file} and start pt-rollout serve again, which writes a new one",
+            hint=f"remove {file} and start pt-rollout serve again, which writes a new one"
+            if create
+            else "copy the key file from a node where pt-rollout serve runs",
         )
     return key
 
@@ -357,9 +365,9 @@ def serve(args) -> None:
                         "pid": os.getpid(),
                         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                         "engine": args.engine,
-                        "model": args.model,
+                        "model": local_path(args.model),
                         "model_config": model_config,
-                        "teacher": args.teacher,
+                        "teacher": local_path(args.teacher) if args.teacher else None,
                         "max_logprobs": args.max_logprobs,
                         "logprobs_mode": args.logprobs_mode,
                         "in_flight": bool(args.in_flight),
@@ -415,6 +423,7 @@ def serve(args) -> None:
             return
         with handoff:
             if not idle.wait(timeout=BUSY_WAIT):
+                log.warning("a trainer from %s was turned away: another is being served", peer[0])
                 with contextlib.suppress(OSError):
                     conn.send({"key": None, "op": "busy", "error": (
                         f"the generator at {args.listen} serves another trainer"
@@ -629,6 +638,11 @@ class RemoteGenerator:
                 hint="give the trainer the key file the generator process read (its log "
                 "names it): rollout.server_key_file",
             ) from None
+        except socket.gaierror as exc:
+            raise PtError(
+                f"rollout.servers: the host of {address} is not known here: {exc.strerror or exc}",
+                hint="check the host name (or use the node's IPv4 address)",
+            ) from None
         except OSError as exc:
             raise PtError(
                 f"no generator answers at {address}: {exc.strerror or exc}",
@@ -649,7 +663,7 @@ class RemoteGenerator:
         while True:
             try:
                 reply = conn.recv()
-            except (EOFError, OSError):
+            except Exception:  # EOF, a reset, or the connection closed under it by close()
                 with self._cond:
                     self._replies["_closed"] = True
                     self._cond.notify_all()

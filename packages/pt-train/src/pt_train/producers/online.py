@@ -873,6 +873,7 @@ class OnlineProducer(Producer):
             pool.close()
             raise
         self._pushed_version = self._version
+        self._push_seconds += time.perf_counter() - start  # the round's weight_push_s
         log.info(
             "weights pushed to %d generator%s on other nodes as %s in %.2f s (version %d)",
             len(addresses), "s" if len(addresses) > 1 else "",
@@ -923,10 +924,12 @@ class OnlineProducer(Producer):
                           f"wants rollout.seed + {index} = {r.seed + index}",
                           f"--seed {r.seed + index}"))  # fmt: skip
         score = self._score_request()
+        from pt_rollout.serve import local_path
+
         teacher = self.needs.teacher.path if self.needs.teacher is not None else None
-        if score and info["teacher"] != teacher:
-            wrong.append((f"it scores with teacher {info['teacher']}, objective.teacher.path "
-                          f"is {teacher}", f"--teacher {teacher}"))  # fmt: skip
+        if score and teacher is not None and info["teacher"] != local_path(teacher):
+            wrong.append((f"it scores with {'teacher ' + info['teacher'] if info['teacher'] else 'no teacher'}, "
+                          f"objective.teacher.path is {teacher}", f"--teacher {teacher}"))  # fmt: skip
         elif score and score["at_student_topk"] and info["teacher_engine"] != "hf":
             wrong.append((f"its teacher runs on the {info['teacher_engine']} engine, and the "
                           "teacher's log-probs at the student's top-k need the HF engine",
