@@ -102,20 +102,19 @@ def _busy_file(path) -> None:
                       for k in range(2, 4000)])  # fmt: skip
 
 
-def _start_grading(tmp_path):
-    """``pt-eval grade`` on the busy file, with its socket directory under tmp_path; returns
-    the process once its workers are grading."""
+def _start_grading(tmp_path, command: list[str] | None = None):
+    """``pt-eval grade`` (or ``command``, given the same arguments) on the busy file, with
+    its socket directory under tmp_path; returns the process once its workers are grading."""
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
     _busy_file(tmp_path / "busy.jsonl")
     sockets = tmp_path / "tmp"
     sockets.mkdir()
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "pt-eval"), "grade", str(tmp_path / "busy.jsonl"),
-         "--workers", "2", "--timeout", "60"],
+        [*(command or [str(Path(sys.executable).parent / "pt-eval")]), "grade",
+         str(tmp_path / "busy.jsonl"), "--workers", "2", "--timeout", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "TMPDIR": str(sockets)},
     )  # fmt: skip
@@ -147,19 +146,7 @@ def test_sigterm_ends_a_grading_that_cannot_unwind(tmp_path):
     import sys
     import time
 
-    _busy_file(tmp_path / "busy.jsonl")
-    sockets = tmp_path / "tmp"
-    sockets.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", STUCK_CLOSE, "grade", str(tmp_path / "busy.jsonl"),
-         "--workers", "2", "--timeout", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "TMPDIR": str(sockets)},
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not list(sockets.glob("pt-eval-*")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.5)
+    proc, sockets = _start_grading(tmp_path, [sys.executable, "-c", STUCK_CLOSE])
     server_pids = [int(p) for p in subprocess.run(
         ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()]  # fmt: skip
     proc.send_signal(signal.SIGTERM)
