@@ -299,5 +299,43 @@ def test_vllm_refuses_weight_transfer_over_ipc_without_cuda(tiny_model_dir):
     assert "weight transfer over ipc is between CUDA devices; vLLM runs on cpu here" in proc.stdout
 
 
+def test_a_gloo_group_the_generator_cannot_join_is_one_error_at_once():
+    """A generator that fails in the gloo rendezvous (it cannot reach the trainer) answers
+    with its error: the trainer stops at that answer, not after the rendezvous's 2-minute
+    timeout, and says which group did not form, where the generator must reach it, and
+    the fallback."""
+    require_vllm()
+    code = (
+        "import time\n"
+        "from pt_core.errors import PtError\n"
+        "from pt_rollout import serve\n"
+        "from pt_rollout.weight_transfer import RENDEZVOUS_TIMEOUT\n"
+        "def unreachable(self, init_info):\n"
+        "    time.sleep(1)\n"
+        "    raise PtError('the generator failed: RuntimeError: Gloo connectFullMesh failed')\n"
+        "serve._TransferClient.init_weight_transfer_engine = unreachable\n"
+        "generator = serve.RemoteGenerator.__new__(serve.RemoteGenerator)\n"
+        "generator.weight_transfer, generator.address, generator.proc = 'gloo', None, None\n"
+        "start = time.monotonic()\n"
+        "try:\n"
+        "    generator._open_transfer()\n"
+        "except PtError as exc:\n"
+        "    print(time.monotonic() - start, RENDEZVOUS_TIMEOUT.total_seconds())\n"
+        "    print(exc.message)\n"
+        "    print(exc.hint)\n"
+    )
+    proc = run_in_vllm_env([VLLM_BIN / "python", "-c", code], timeout=300)
+    took, message, hint = proc.stdout.strip().splitlines()[-3:]
+    seconds, limit = (float(x) for x in took.split())
+    assert limit == 120 and seconds < limit / 2, proc.stdout
+    assert message == (
+        "the gloo weight-transfer group with the generator process (pid ?) did not form: "
+        "RuntimeError: Gloo connectFullMesh failed"
+    )
+    assert hint.startswith("the generator must reach this machine at 127.0.0.1 (port ")
+    assert hint.endswith(" and the ports its backend opens), and this machine it; or use "
+                         "rollout.weight_transfer=files")  # fmt: skip
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -1,27 +1,100 @@
 """Generator processes listening on TCP addresses (``pt-rollout serve --listen``), as a
-trainer on another node finds them: started here on 127.0.0.1, each on a free port."""
+trainer on another node finds them: started here on 127.0.0.1, each on a free port, or
+on another host (:func:`other_host`: a network namespace of this machine's, which has
+its own loopback and reaches the trainer only by the address on the route to it)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import fcntl
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from pt_rollout.serve import READY
 
 
+@dataclasses.dataclass(frozen=True)
+class OtherHost:
+    name: str  # the network namespace
+    address: str  # the host's address
+    peer: str  # this host's address on the link between them
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if done.returncode:
+        raise OSError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def other_host():
+    """A second host on this machine: a network namespace with its own loopback, linked
+    to this one by a veth pair on a /30 of 10.213.0.0/16 (claimed with a lock file, so
+    parallel tests never share one). Skipped where namespaces cannot be made (not root),
+    failed instead with ``PT_REQUIRE_NETNS=1`` or ``CI=true``."""
+    lock = None
+    for k in random.sample(range(256), 256):
+        fh = open(f"/tmp/pt-test-host-{k}.lock", "w")  # noqa: SIM115  (held until the end)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            continue
+        lock = (k, fh)
+        break
+    assert lock is not None, "no free test subnet"
+    k, fh = lock
+    name, here, there = f"pt-test-host-{k}", f"ptv{k}a", f"ptv{k}b"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)  # one a killed test left
+    subprocess.run(["ip", "link", "del", here], capture_output=True)
+    try:
+        _ip("netns", "add", name)
+        _ip("link", "add", here, "type", "veth", "peer", "name", there)
+        _ip("link", "set", there, "netns", name)
+        _ip("addr", "add", f"10.213.{k}.1/30", "dev", here)
+        _ip("link", "set", here, "up")
+        _ip("-n", name, "addr", "add", f"10.213.{k}.2/30", "dev", there)
+        _ip("-n", name, "link", "set", there, "up")
+        _ip("-n", name, "link", "set", "lo", "up")
+    except (OSError, FileNotFoundError) as exc:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        subprocess.run(["ip", "link", "del", here], capture_output=True)
+        fh.close()
+        why = f"no network namespace for a second host here ({exc})"
+        if os.environ.get("PT_REQUIRE_NETNS") == "1" or os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    try:
+        yield OtherHost(name, f"10.213.{k}.2", f"10.213.{k}.1")
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)  # the veth with it
+        subprocess.run(["ip", "link", "del", here], capture_output=True)
+        fh.close()
+
+
 def start(
-    model: Path | str, key_file: Path, *args: str, python: str | None = None
+    model: Path | str,
+    key_file: Path,
+    *args: str,
+    python: str | None = None,
+    host: OtherHost | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """``pt-rollout serve --listen 127.0.0.1:0 --model MODEL --key-file KEY ARGS`` (with
-    ``python``'s pt-rollout, else this environment's); the process and its address, once
-    it listens."""
+    ``python``'s pt-rollout, else this environment's), or on ``host`` at its address;
+    the process and its address, once it listens."""
     command = [python or sys.executable, "-m", "pt_rollout.cli", "serve", "--listen",
-               "127.0.0.1:0", "--model", str(model), "--key-file", str(key_file), *args]  # fmt: skip
+               f"{host.address if host else '127.0.0.1'}:0", "--model", str(model),
+               "--key-file", str(key_file), *args]  # fmt: skip
+    if host is not None:  # ip execs the command in the namespace: the same pid
+        command = ["ip", "netns", "exec", host.name, *command]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + 600
@@ -35,13 +108,21 @@ def start(
 
 
 @contextlib.contextmanager
-def listening(model: Path | str, key_file: Path, count: int, *args: str, python=None):
-    """``count`` generator processes listening (see :func:`start`): yields ``(procs,
-    addresses)`` and stops them after."""
+def listening(
+    model: Path | str,
+    key_file: Path,
+    count: int,
+    *args: str,
+    python=None,
+    hosts: list[OtherHost | None] | None = None,
+):
+    """``count`` generator processes listening (see :func:`start`; the ``i``-th on
+    ``hosts[i]``, where given): yields ``(procs, addresses)`` and stops them after."""
     started = []
     try:
-        for _ in range(count):
-            started.append(start(model, key_file, *args, python=python))
+        for i in range(count):
+            host = hosts[i] if hosts is not None else None
+            started.append(start(model, key_file, *args, python=python, host=host))
         yield [p for p, _ in started], [a for _, a in started]
     finally:
         for proc, _ in started:

@@ -367,20 +367,23 @@ def test_a_push_over_gloo_gives_the_generator_process_the_trained_weights(world)
 
 @pytest.mark.vllm
 def test_a_process_on_another_node_takes_the_weights_over_gloo(world, tmp_path):
-    """A vLLM process listening on an address (pt-rollout serve --listen, started on the
-    teacher's weights) is given the student's by the connection's first push over gloo:
-    round 0's greedy completions are the HF engine's on the student, round 1's on the
-    step-1 checkpoint; the run goes to the address given, not a process of its own. A
-    second run on the same process (which holds the first's last weights) does too."""
-    from listening import listening
+    """A vLLM process listening on another host (a network namespace: its loopback is not
+    the trainer's, so the gloo group must meet at the trainer's address on the route to
+    it), started on the teacher's weights, is given the student's by the connection's
+    first push over gloo: round 0's greedy completions are the HF engine's on the student,
+    round 1's on the step-1 checkpoint; the run goes to the address given, not a process
+    of its own. A second run on the same process (which holds the first's last weights)
+    does too."""
+    from listening import listening, other_host
 
     require_vllm_env()
     key = tmp_path / "serve.key"
     teacher = str(world / "teacher")
-    with listening(teacher, key, 1, "--engine", "vllm", "--teacher", teacher,
-                   "--weight-transfer", "gloo", python=str(VLLM_BIN / "python")) as (
-        procs, addresses,
-    ):  # fmt: skip
+    with other_host() as host, listening(
+        teacher, key, 1, "--engine", "vllm", "--teacher", teacher, "--weight-transfer", "gloo",
+        python=str(VLLM_BIN / "python"), hosts=[host],
+    ) as (procs, addresses):  # fmt: skip
+        assert addresses[0].startswith(host.address + ":")
         rollout = {"generator": "server", "weight_transfer": "gloo", "servers": addresses,
                    "server_key_file": str(key)}  # fmt: skip
         run_dir, stderr = colocated_run(world, "gloo-remote", "student", rollout=rollout)

@@ -250,19 +250,42 @@ def test_grpo_rounds_from_a_colocated_vllm_under_zero3_sample_the_policy(tmp_pat
 
 
 @pytest.mark.vllm
-def test_grpo_rounds_from_a_vllm_process_given_weights_over_gloo_sample_the_policy(
-    tmp_path, qwen2_model_dir
+def test_grpo_rounds_from_a_vllm_process_on_another_host_given_weights_over_gloo(
+    tmp_path, qwen2_model_dir, qwen_tokenizer
 ):
-    """The same two rounds with the generator process given the update with vLLM's
-    weight-transfer API over gloo (pt-train of the environment that has vLLM): the tied
-    head is left out of the broadcast (its embedding's duplicate, 151,665 rows), so
-    round 2's log-probs are the trained policy's (rollout_kl at rounding level) only if
-    the process's head follows the broadcast embedding."""
+    """The same two rounds with the generator a vLLM process listening on a second host
+    (pt-rollout serve --listen in a network namespace), started on other weights of the
+    same shape, and given the policy's with vLLM's weight-transfer API over gloo
+    (pt-train of the environment that has vLLM): the tied head is left out of each
+    broadcast (its embedding's duplicate, 151,665 rows), so both rounds' log-probs are the
+    policy's (rollout_kl at rounding level) only if the process's head follows the
+    broadcast embedding, from the connection's first push on."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from listening import listening, other_host
+    from transformers import AutoModelForCausalLM
 
     require_vllm_env()
+    other = tmp_path / "other-weights"
+    model = AutoModelForCausalLM.from_pretrained(str(qwen2_model_dir))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    model.save_pretrained(str(other))
+    qwen_tokenizer.save_pretrained(str(other))
     cfg = grpo_world(tmp_path, qwen2_model_dir, "server")
-    cfg["rollout"]["weight_transfer"] = "gloo"
-    metrics = run_in_vllm_env(tmp_path, cfg)
+    key = tmp_path / "serve.key"
+    with other_host() as host, listening(
+        other, key, 1, "--engine", "vllm", "--weight-transfer", "gloo", "--logprobs-mode",
+        "processed", python=str(VLLM_PYTHON), hosts=[host],
+    ) as (_, addresses):  # fmt: skip
+        del cfg["rollout"]["python"]
+        cfg["rollout"].update(
+            {"weight_transfer": "gloo", "servers": addresses, "server_key_file": str(key)}
+        )
+        metrics = run_in_vllm_env(tmp_path, cfg)
     assert [m["round"] for m in metrics] == [0, 1]
     assert all(m["rollout_kl"] < 1e-6 for m in metrics), [m["rollout_kl"] for m in metrics]
     assert metrics[1]["weight_load_s"] > 0

@@ -729,7 +729,9 @@ class RemoteGenerator:
             finally:
                 source.pairs = []
             reply.update(client.finished)
-        except Exception as exc:  # raised by wait(key), in the caller's thread
+        except PtError as exc:  # raised by wait(key), in the caller's thread, as it is
+            reply["pt_error"] = (exc.message, exc.hint)
+        except Exception as exc:
             reply["error"] = f"weight transfer: {type(exc).__name__}: {exc}"
         finally:
             with self._lock:
@@ -762,12 +764,23 @@ class RemoteGenerator:
             assert self.conn is not None
             with socket.socket(fileno=os.dup(self.conn.fileno())) as own:
                 host = own.getsockname()[0]
-        info = trainer_init_info(
-            self.weight_transfer, host=host, port=open_port(host), world_size=2
-        )
-        return WeightTransferTrainerFactory.trainer_init(
-            info, client=_TransferClient(self), source=PairsSource()
-        )
+        port = open_port(host)
+        info = trainer_init_info(self.weight_transfer, host=host, port=port, world_size=2)
+        try:
+            return WeightTransferTrainerFactory.trainer_init(
+                info, client=_TransferClient(self), source=PairsSource()
+            )
+        except Exception as exc:  # the rendezvous of the two sides
+            why = str(exc.message if isinstance(exc, PtError) else exc).removeprefix(
+                "the generator failed: "
+            )
+            raise PtError(
+                f"the {self.weight_transfer} weight-transfer group with {self.describe()} did "
+                f"not form: {why}",
+                hint=f"the generator must reach this machine at {host} (port {port} and the "
+                "ports its backend opens), and this machine it; or use "
+                "rollout.weight_transfer=files",
+            ) from None
 
     def _join_push(self) -> None:
         thread = self._push_thread
@@ -839,6 +852,9 @@ class RemoteGenerator:
                     )
                 self._cond.wait(timeout=1.0)
             reply = self._replies.pop(key)
+        if "pt_error" in reply:  # this side's own (a push's)
+            message, hint = reply["pt_error"]
+            raise PtError(message, hint=hint)
         if "error" in reply:
             raise PtError(f"the generator failed: {reply['error']}")
         return reply

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -56,7 +57,9 @@ from vllm.distributed.weight_transfer.factory import (  # pyright: ignore[report
 # pt's name of a backend -> the name it is registered under in vLLM's factories
 BACKENDS = {"gloo": "pt_gloo", "ipc": "ipc", "nccl": "nccl"}
 GLOO = BACKENDS["gloo"]
-# How long a side waits for the other in the rendezvous and in each broadcast.
+# How long a side waits for the other in the rendezvous (both enter it at once: the
+# trainer asks the generator to, then enters itself), and in each broadcast.
+RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=2)
 TIMEOUT = datetime.timedelta(minutes=10)
 
 
@@ -122,18 +125,35 @@ class PairsSource(WeightSource):
 # --------------------------------------------------------------------------- gloo
 
 
+def address_towards(host: str, port: int) -> str:
+    """This machine's address on the route to ``host`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return s.getsockname()[0]
+
+
 def _gloo_group(host: str, port: int, rank: int, world_size: int):
     """A gloo process group of its own (the default group, if any, untouched), met through
-    a TCP store that rank 0 holds."""
+    a TCP store that rank 0 holds at ``host``: rank 0's address on the route to the others.
+
+    Each side's gloo device is bound to its address on the route between them (rank 0's
+    is ``host``), never gloo's default, the address this machine's name resolves to: on
+    many nodes that is a loopback address (Debian's 127.0.1.1), which a peer on another
+    node would be told to connect to."""
     # torch documents both stores as torch.distributed's; its type stubs do not re-export them
-    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=TIMEOUT)  # pyright: ignore[reportPrivateImportUsage]
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=RENDEZVOUS_TIMEOUT)  # pyright: ignore[reportPrivateImportUsage]
     prefixed = dist.PrefixStore("pt-weights", store)  # pyright: ignore[reportPrivateImportUsage]
-    return dist.ProcessGroupGloo(prefixed, rank, world_size, TIMEOUT)
+    options = dist.ProcessGroupGloo._Options()  # pyright: ignore[reportAttributeAccessIssue]
+    options._timeout = RENDEZVOUS_TIMEOUT  # the group's default; a broadcast sets its own
+    own = host if rank == 0 else address_towards(host, port)
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=own)]
+    return dist.ProcessGroupGloo(prefixed, rank, world_size, options)
 
 
 def _broadcast(group, tensor: torch.Tensor) -> None:
     options = dist.BroadcastOptions()
     options.rootRank = 0
+    options.timeout = TIMEOUT
     group.broadcast([tensor], options).wait()
 
 
@@ -254,13 +274,26 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine):
             world_size=init_info.world_size,
         )
         # The workers wait in the rendezvous inside init_weight_transfer_engine: both
-        # sides must be in it at once.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            answered = pool.submit(client.init_weight_transfer_engine, asdict(worker_info))
-            engine.group = _gloo_group(
-                init_info.master_address, init_info.master_port, 0, init_info.world_size
-            )
-            answered.result()
+        # sides must be in it at once. A worker that fails there (it cannot reach this
+        # side) answers with its error, which ends the wait for it at once rather than
+        # after the rendezvous's timeout; the thread left waiting is a daemon's.
+        joined: dict[str, Any] = {}
+
+        def join() -> None:
+            try:
+                joined["group"] = _gloo_group(
+                    init_info.master_address, init_info.master_port, 0, init_info.world_size
+                )
+            except BaseException as exc:  # raised below, in the caller's thread
+                joined["error"] = exc
+
+        thread = threading.Thread(target=join, name="pt-gloo-rendezvous", daemon=True)
+        thread.start()
+        client.init_weight_transfer_engine(asdict(worker_info))  # raises the worker's error
+        thread.join()
+        if "error" in joined:
+            raise joined["error"]
+        engine.group = joined["group"]
         return engine
 
     def send_weights(self) -> None:
