@@ -200,6 +200,10 @@ class OnlineProducer(Producer):
         self._sleep_seconds = 0.0
         self.dropped_stale = 0
         self._version = 0  # optimizer updates so far (set by the trainer on resume)
+        if r.generator == "server" and r.server_addresses is not None and env.is_main:
+            # before the run directory is written and the model loaded: a process that
+            # does not fit is one error at once, not one after the model's load
+            self._check_servers_early()
 
     # ------------------------------------------------------------------ the trainer's side
 
@@ -843,7 +847,8 @@ class OnlineProducer(Producer):
         :class:`~pt_rollout.serve.GeneratorPool` of connections), each checked against what
         the run needs and given the current weights (as version ``self._version``) before
         it generates: whatever it held before (its own model, an earlier run's) is replaced."""
-        from pt_rollout.serve import GeneratorPool
+        from pt_rollout.serve import GeneratorPool, shape_of
+        from pt_train.checkpoint import hf_model
 
         r = self.rollout
         addresses = r.server_addresses
@@ -856,8 +861,9 @@ class OnlineProducer(Producer):
             weight_transfer=None if r.weight_transfer == "files" else r.weight_transfer,
         )
         try:
-            for index, info in pool.info().items():
-                self._check_server(index, addresses[index], info)
+            infos = pool.info()
+            self._check_servers(infos, shape_of(hf_model(self.policy()).config.to_dict()))
+            for index, info in infos.items():
                 log.info(
                     "generator %d at %s: %s engine, pid %d, started on %s at weight version %d",
                     index, addresses[index], info["engine"], info["pid"], info["model"],
@@ -883,12 +889,64 @@ class OnlineProducer(Producer):
         )  # fmt: skip
         return pool
 
-    def _check_server(self, index: int, address: str, info: dict) -> None:
-        """ConfigError, naming the address and the pt-rollout serve option to change, where
-        the process listening there (the ``index``-th) does not generate what this run
-        needs; what a process pt-train starts would be given is what it must have."""
-        from pt_rollout.serve import SHAPE_KEYS, shape_of
-        from pt_train.checkpoint import hf_model
+    def _check_servers_early(self) -> None:
+        """Ask each listening process what it serves and check it against the run
+        (:meth:`_check_servers`), the model's shape read from ``model.name_or_path``'s
+        config; the connections are closed after (the first round connects again)."""
+        from pt_rollout.serve import GeneratorPool, shape_of
+
+        r = self.rollout
+        assert r.server_addresses is not None
+        with GeneratorPool(
+            "", addresses=r.server_addresses, key_file=r.server_key_file,
+            weight_transfer=None if r.weight_transfer == "files" else r.weight_transfer,
+        ) as pool:  # fmt: skip
+            infos = pool.info()
+        config = None
+        name = self.cfg.model.name_or_path
+        if (
+            self.cfg.model.init is None
+            and name is not None
+            and (Path(name) / "config.json").is_file()
+        ):
+            config = shape_of(json.loads((Path(name) / "config.json").read_text()))
+        self._check_servers(infos, config)
+
+    def _check_servers(self, infos: dict[int, dict], config: dict | None) -> None:
+        """One ConfigError naming every listening process (``infos``: each one's
+        :meth:`~pt_rollout.serve.RemoteGenerator.info` by its index in ``rollout.servers``)
+        that does not generate what this run needs, each difference with the pt-rollout
+        serve option that changes it: what a process pt-train starts would be given is what
+        it must have. ``config``: the policy's shape (:func:`~pt_rollout.serve.shape_of`),
+        None to leave the shape unchecked."""
+        addresses = self.rollout.server_addresses
+        assert addresses is not None
+        unfit = [
+            (addresses[index], wrong)
+            for index, info in sorted(infos.items())
+            if (wrong := self._misfits(index, info, config))
+        ]
+        if not unfit:
+            return
+        if len(unfit) == 1:
+            address, wrong = unfit[0]
+            raise ConfigError(
+                f"rollout.servers: the generator at {address} does not fit this run: "
+                + "; ".join(what for what, _ in wrong),
+                hint="start pt-rollout serve there with " + ", ".join(fix for _, fix in wrong),
+            )
+        raise ConfigError(
+            f"rollout.servers: {len(unfit)} of the {len(addresses)} generators do not fit "
+            "this run. "
+            + " ".join(f"At {a}: {'; '.join(what for what, _ in w)}." for a, w in unfit),
+            hint="start pt-rollout serve "
+            + "; ".join(f"at {a} with {', '.join(fix for _, fix in w)}" for a, w in unfit),
+        )
+
+    def _misfits(self, index: int, info: dict, config: dict | None) -> list[tuple[str, str]]:
+        """What differs between the ``index``-th listening process (``info``) and what the
+        run needs, each as (what, the pt-rollout serve option that fixes it)."""
+        from pt_rollout.serve import SHAPE_KEYS
 
         r = self.rollout
         wrong = []  # (what differs, the fix)
@@ -934,22 +992,19 @@ class OnlineProducer(Producer):
             wrong.append((f"its teacher runs on the {info['teacher_engine']} engine, and the "
                           "teacher's log-probs at the student's top-k need the HF engine",
                           "--teacher-engine hf"))  # fmt: skip
-        config = shape_of(hf_model(self.policy()).config.to_dict())
         theirs = info["model_config"]
         differ = [
             f"{k} {theirs[k]} (here {config[k]})"
             for k in SHAPE_KEYS
-            if theirs.get(k) is not None and config.get(k) is not None and theirs[k] != config[k]
+            if config is not None
+            and theirs.get(k) is not None
+            and config.get(k) is not None
+            and theirs[k] != config[k]
         ]
         if differ:
             wrong.append((f"its model ({info['model']}) is not the policy's shape: "
                           f"{', '.join(differ)}", "--model with the run's model.name_or_path"))  # fmt: skip
-        if wrong:
-            raise ConfigError(
-                f"rollout.servers: the generator at {address} does not fit this run: "
-                + "; ".join(what for what, _ in wrong),
-                hint="start pt-rollout serve there with " + ", ".join(fix for _, fix in wrong),
-            )
+        return wrong
 
     def _push_current(self) -> None:
         """Send the current weights to the generator unless it has them; without waiting
