@@ -137,10 +137,19 @@ def listening(
                 proc.wait()
 
 
-def grpo_weights(tmp_path: Path, model_dir: Path, name: str, rollout: dict) -> dict:
+def grpo_weights(
+    tmp_path: Path,
+    model_dir: Path,
+    name: str,
+    rollout: dict,
+    *,
+    reward: str = "pool_even_reward:reward",
+    deaths: tuple[int, int] = (0, 0),
+) -> dict:
     """The final weights of GRPO, 2 steps of 2 prompts x 4 samples at temperature 1 from
     generator processes (``rollout``: the keys that place them), rewarded by a
-    completion's even token ids (which differ within every group, so the steps train).
+    completion's even token ids (``pool_even_reward:reward``, in ``tmp_path``; they differ
+    within every group, so the steps train); ``deaths``: each round's generator_deaths.
     The rollout correction is off: it weighs tokens by the generator's log-probs, which
     another batch width rounds differently (about 1e-6), while the samples are the same."""
     import json
@@ -167,7 +176,7 @@ def grpo_weights(tmp_path: Path, model_dir: Path, name: str, rollout: dict) -> d
         "output_dir": str(tmp_path / "runs"),
         "model": {"name_or_path": str(model_dir)},
         "objective": {"name": "grpo", "rollout_correction": {"level": "none"}},
-        "reward": {"function": "pool_even_reward:reward"},
+        "reward": {"function": reward},
         "rollout": {"prompts": str(prompts), "samples_per_prompt": 4, "max_tokens": 8,
                     "temperature": 1.0, "generator": "server", **rollout},
         "training": {"seed": 0, "learning_rate": 1e-3, "lr_schedule": "constant",
@@ -179,6 +188,6 @@ def grpo_weights(tmp_path: Path, model_dir: Path, name: str, rollout: dict) -> d
     finally:
         sys.path.remove(str(tmp_path))
     metrics = read_metrics(tmp_path / "runs" / name)
-    assert [m["generator_deaths"] for m in metrics] == [0, 0]
+    assert [m["generator_deaths"] for m in metrics] == list(deaths)
     assert any(m["reward_std"] > 0 for m in metrics)  # a gradient to follow
     return load_file(tmp_path / "runs" / name / "inference" / "step-2" / "model.safetensors")

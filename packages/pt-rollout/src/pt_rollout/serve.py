@@ -1161,10 +1161,14 @@ class GeneratorPool:
             log.warning("%s; none is left", ended)
             where = "above" if generator.address is None else "in their own logs"
             raise PtError(f"every generator process has ended ({last}); their errors are {where}")
-        log.warning(
-            "%s: re-sending its %d prompts to the %d still running",
-            ended, prompts, len(self._generators),
-        )  # fmt: skip
+        running = len(self._generators)
+        if prompts:
+            log.warning(
+                "%s: re-sending its %d prompt%s to the %d still running",
+                ended, prompts, "s" if prompts > 1 else "", running,
+            )  # fmt: skip
+        else:
+            log.warning("%s; it owed no prompts: %d still running", ended, running)
         for job, shard in owed:
             if not any(s is shard for s in job["shards"]):  # asked for again whole already
                 continue
