@@ -477,3 +477,38 @@ def test_a_process_with_another_models_shape_stops_the_run_with_one_error(
     assert "Traceback" not in done.stderr
     # checked before anything is written: no run directory is left to clean up
     assert not (tmp_path / "runs" / "narrow").exists()
+
+
+@pytest.mark.slow  # a generator process that imports torch
+def test_a_process_on_every_address_names_the_address_a_trainer_gives(
+    tmp_path, tiny_model_dir, key_file
+):
+    """``--listen 0.0.0.0:0`` (the docs' form): the log gives the ``rollout.servers``
+    entry by this node's name, and a trainer reaches the process at that entry."""
+    import socket
+    import time
+
+    from pt_rollout.serve import READY
+
+    log = tmp_path / "serve.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pt_rollout.cli", "serve", "--listen", "0.0.0.0:0",
+             "--model", str(tiny_model_dir), "--key-file", str(key_file)],
+            stdout=subprocess.PIPE, stderr=err, text=True,
+            env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline().split()
+        assert ready[0] == READY and ready[1].startswith("0.0.0.0:"), ready
+        entry = f"{socket.gethostname()}:{ready[1].split(':')[1]}"
+        deadline = time.monotonic() + 60
+        while f"rollout.servers: [{entry}]" not in " ".join(log.read_text().split()):
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        with GeneratorPool("", addresses=[entry], key_file=str(key_file)) as pool:
+            assert pool.info()[0]["model"] == str(tiny_model_dir)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

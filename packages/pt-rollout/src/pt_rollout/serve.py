@@ -445,9 +445,15 @@ def serve(args) -> None:
     with server:
         bound = server.getsockname()
         print(f"{READY} {bound[0]}:{bound[1]}", flush=True)
+        # on every address of this node: the trainer's rollout.servers names it by name
+        named = (
+            f" (a trainer's rollout.servers: [{socket.gethostname()}:{bound[1]}])"
+            if bound[0] == "0.0.0.0"
+            else ""
+        )
         log.info(
-            "listening on %s:%d for a trainer (key %s); Ctrl-C stops", bound[0], bound[1],
-            key_file_path(args.key_file),
+            "listening on %s:%d%s for a trainer (key %s); Ctrl-C stops", bound[0], bound[1],
+            named, key_file_path(args.key_file),
         )  # fmt: skip
         threading.Thread(target=accept, daemon=True).start()
         while True:
