@@ -4,6 +4,7 @@ and a GRPO run on the online loop."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from pt_train.objectives.grpo import (
     kl_penalty,
     overlong_penalty,
     policy_loss,
+    rollout_kl,
 )
 
 
@@ -129,6 +131,23 @@ def test_k3_and_k1_estimators():
     assert kl_penalty(logp, ref, "k1").item() == pytest.approx(np.log(2))
     # k3 = r - log r - 1 with r = ref / pi = 0.5
     assert kl_penalty(logp, ref, "k3").item() == pytest.approx(0.5 - np.log(0.5) - 1)
+
+
+def test_rollout_kl_keeps_a_difference_at_rounding_level():
+    """k3 of trainer and generator log-probs that differ by 3e-7 (float32, as a vLLM
+    generator's and the trainer's do when they agree): about d**2/2 = 4.5e-14, not the 0 or
+    the noise of exp(d) - d - 1 in float32; and the exact value for a large difference."""
+    old = torch.tensor([-2.0, -0.5], dtype=torch.float32)
+    rollout = old - torch.tensor([3e-7, -3e-7], dtype=torch.float32)
+    d = old.double() - rollout.double()  # the float32 values' exact difference
+    got = rollout_kl(old, rollout)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, d**2 / 2 + d**3 / 6, rtol=1e-6, atol=0)
+    assert (got > 1e-14).all()
+    naive = torch.exp(d.float()) - d.float() - 1  # what float32 gave
+    assert not torch.allclose(naive.double(), got, rtol=0.5, atol=0)
+    big = rollout_kl(torch.tensor([-1.0]), torch.tensor([-3.0]))
+    assert big.item() == pytest.approx(math.exp(2.0) - 2.0 - 1.0, rel=1e-12)
 
 
 def test_sequence_level_ratio_is_the_geometric_mean_of_token_ratios():
