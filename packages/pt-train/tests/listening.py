@@ -10,7 +10,9 @@ import dataclasses
 import fcntl
 import os
 import random
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -38,7 +40,9 @@ def _ip(*args: str) -> None:
 def other_host():
     """A second host on this machine: a network namespace with its own loopback, linked
     to this one by a veth pair on a /30 of 10.213.0.0/16 (claimed with a lock file, so
-    parallel tests never share one). Skipped where namespaces cannot be made (not root),
+    parallel tests never share one), whose /etc/hosts maps this machine's name to
+    127.0.1.1, as a Debian node's does (``ip netns exec`` mounts /etc/netns/NAME/hosts
+    over it). Skipped where namespaces cannot be made (not root),
     failed instead with ``PT_REQUIRE_NETNS=1`` or ``CI=true``."""
     lock = None
     for k in random.sample(range(256), 256):
@@ -55,7 +59,10 @@ def other_host():
     name, here, there = f"pt-test-host-{k}", f"ptv{k}a", f"ptv{k}b"
     subprocess.run(["ip", "netns", "del", name], capture_output=True)  # one a killed test left
     subprocess.run(["ip", "link", "del", here], capture_output=True)
+    etc = Path("/etc/netns") / name
     try:
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {socket.gethostname()}\n")
         _ip("netns", "add", name)
         _ip("link", "add", here, "type", "veth", "peer", "name", there)
         _ip("link", "set", there, "netns", name)
@@ -67,6 +74,7 @@ def other_host():
     except (OSError, FileNotFoundError) as exc:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
         subprocess.run(["ip", "link", "del", here], capture_output=True)
+        shutil.rmtree(etc, ignore_errors=True)
         fh.close()
         why = f"no network namespace for a second host here ({exc})"
         if os.environ.get("PT_REQUIRE_NETNS") == "1" or os.environ.get("CI") == "true":
@@ -77,6 +85,7 @@ def other_host():
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)  # the veth with it
         subprocess.run(["ip", "link", "del", here], capture_output=True)
+        shutil.rmtree(etc, ignore_errors=True)
         fh.close()
 
 

@@ -279,7 +279,7 @@ def test_a_process_that_does_not_fit_the_run_is_refused_naming_each_difference(
         assert part in text, text
     assert refused.value.hint == (
         "start pt-rollout serve there with --engine hf, no --weight-transfer, no --in-flight, "
-        "--teacher /models/teacher, --model with the run's model.name_or_path"
+        f"--teacher /models/teacher, --model {tiny_model_dir}"
     )
     # engine seeding: process i must be seeded as pt-train seeds the i-th it starts
     producer.rollout = producer.rollout.model_copy(update={"seeding": "engine", "seed": 3})
@@ -301,8 +301,8 @@ def test_a_process_that_does_not_fit_the_run_is_refused_naming_each_difference(
     ), text
     assert refused.value.hint == (
         "start pt-rollout serve at node1:7000 with --seed 3; at node2:7000 with --engine hf, "
-        "no --weight-transfer, no --in-flight, --seed 4, --teacher /models/teacher, --model "
-        "with the run's model.name_or_path"
+        f"no --weight-transfer, no --in-flight, --seed 4, --teacher /models/teacher, --model "
+        f"{tiny_model_dir}"
     )
     # without the policy's shape (a model built from model.init) the shape is not compared
     producer._check_servers({1: {**fits, "seed": 4, "model_config": unfit["model_config"]}}, None)
@@ -473,7 +473,7 @@ def test_a_process_with_another_models_shape_stops_the_run_with_one_error(
     assert done.returncode == 2, done.stderr[-3000:]
     assert f"the generator at {addresses[0]} does not fit this run" in said, said[-2000:]
     assert "hidden_size 64 (here 128)" in said
-    assert "--model with the run's model.name_or_path" in said
+    assert f"--model {tiny_model_dir}" in said
     assert "Traceback" not in done.stderr
     # checked before anything is written: no run directory is left to clean up
     assert not (tmp_path / "runs" / "narrow").exists()
@@ -481,10 +481,11 @@ def test_a_process_with_another_models_shape_stops_the_run_with_one_error(
 
 @pytest.mark.slow  # a generator process that imports torch
 def test_a_process_on_every_address_names_the_address_a_trainer_gives(
-    tmp_path, tiny_model_dir, key_file
+    tmp_path, tiny_model_dir, key_file, second_host
 ):
-    """``--listen 0.0.0.0:0`` (the docs' form): the log gives the ``rollout.servers``
-    entry by this node's name, and a trainer reaches the process at that entry."""
+    """``--listen 0.0.0.0:0`` (the docs' form) on a host whose name resolves to 127.0.1.1
+    (a Debian node's): the log gives the ``rollout.servers`` entry by the host's own
+    address, not by its name, and a trainer on this host reaches the process there."""
     import socket
     import time
 
@@ -493,18 +494,23 @@ def test_a_process_on_every_address_names_the_address_a_trainer_gives(
     log = tmp_path / "serve.log"
     with open(log, "w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pt_rollout.cli", "serve", "--listen", "0.0.0.0:0",
-             "--model", str(tiny_model_dir), "--key-file", str(key_file)],
+            ["ip", "netns", "exec", second_host.name, sys.executable, "-m", "pt_rollout.cli",
+             "serve", "--listen", "0.0.0.0:0", "--model", str(tiny_model_dir),
+             "--key-file", str(key_file)],
             stdout=subprocess.PIPE, stderr=err, text=True,
-            env={**os.environ, "COLUMNS": "200"},
+            env={**os.environ, "COLUMNS": "250"},
         )  # fmt: skip
     try:
         assert proc.stdout is not None
         ready = proc.stdout.readline().split()
         assert ready[0] == READY and ready[1].startswith("0.0.0.0:"), ready
-        entry = f"{socket.gethostname()}:{ready[1].split(':')[1]}"
+        entry = f"{second_host.address}:{ready[1].split(':')[1]}"
+        said = (
+            f"a trainer's rollout.servers: [{entry}] (this node's name {socket.gethostname()} "
+            f"resolves to 127.0.1.1 here; its addresses: {entry})"
+        )
         deadline = time.monotonic() + 60
-        while f"rollout.servers: [{entry}]" not in " ".join(log.read_text().split()):
+        while said not in " ".join(log.read_text().split()):
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
         with GeneratorPool("", addresses=[entry], key_file=str(key_file)) as pool:
@@ -512,3 +518,17 @@ def test_a_process_on_every_address_names_the_address_a_trainer_gives(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_node_whose_name_resolves_elsewhere_is_named_by_it(monkeypatch):
+    """Where this node's name resolves to an address other than loopback, a trainer on
+    another node can use the name."""
+    import socket
+
+    from pt_rollout import serve
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "node7")
+    monkeypatch.setattr(
+        socket, "getaddrinfo", lambda *a, **k: [(socket.AF_INET, 1, 6, "", ("10.1.2.3", 0))]
+    )
+    assert serve.how_trainers_name(7000) == "a trainer's rollout.servers: [node7:7000]"

@@ -111,6 +111,49 @@ def shape_of(config: dict) -> dict:
     return {key: config.get(key, text.get(key)) for key in SHAPE_KEYS}
 
 
+def interface_addresses() -> list[str]:
+    """This node's IPv4 addresses other than loopback, one per interface that has one
+    (Linux's SIOCGIFADDR)."""
+    import fcntl
+    import struct
+
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on it
+                continue
+            address = socket.inet_ntoa(packed[20:24])
+            if not address.startswith("127.") and address not in found:
+                found.append(address)
+    return found
+
+
+def how_trainers_name(port: int) -> str:
+    """What a trainer on another node puts in ``rollout.servers`` for a process listening
+    on every address of this node at ``port``: this node's host name where it resolves to
+    an address other than loopback, else its addresses (a name that resolves to 127.0.1.1,
+    as on many Debian nodes, would send the trainer to its own loopback)."""
+    name = socket.gethostname()
+    try:
+        resolved = sorted({a[4][0] for a in socket.getaddrinfo(name, None, socket.AF_INET)})
+    except OSError:
+        resolved = []
+    if resolved and not any(str(a).startswith("127.") for a in resolved):
+        return f"a trainer's rollout.servers: [{name}:{port}]"
+    addresses = interface_addresses()
+    why = (
+        f"this node's name {name} resolves to {', '.join(map(str, resolved))} here"
+        if resolved
+        else f"this node's name {name} does not resolve here"
+    )
+    if not addresses:
+        return f"{why}, and it has no other IPv4 address: a trainer must be on this node"
+    entries = ", ".join(f"{a}:{port}" for a in addresses)
+    return f"a trainer's rollout.servers: [{addresses[0]}:{port}] ({why}; its addresses: {entries})"
+
+
 def local_path(name: str) -> str:
     """``name`` as an absolute path where it is a path on this machine (a hub name, or a
     path that is not here, as given): what two processes compare."""
@@ -445,12 +488,7 @@ def serve(args) -> None:
     with server:
         bound = server.getsockname()
         print(f"{READY} {bound[0]}:{bound[1]}", flush=True)
-        # on every address of this node: the trainer's rollout.servers names it by name
-        named = (
-            f" (a trainer's rollout.servers: [{socket.gethostname()}:{bound[1]}])"
-            if bound[0] == "0.0.0.0"
-            else ""
-        )
+        named = f" ({how_trainers_name(bound[1])})" if bound[0] == "0.0.0.0" else ""
         log.info(
             "listening on %s:%d%s for a trainer (key %s); Ctrl-C stops", bound[0], bound[1],
             named, key_file_path(args.key_file),
@@ -1165,8 +1203,16 @@ class GeneratorPool:
             last = f"the last, {index}, at {generator.address}"
         if not self._generators:
             log.warning("%s; none is left", ended)
-            where = "above" if generator.address is None else "in their own logs"
-            raise PtError(f"every generator process has ended ({last}); their errors are {where}")
+            if generator.address is None:
+                raise PtError(
+                    f"every generator process has ended ({last}); their errors are above",
+                    hint="the same pt-train command resumes the run from its last checkpoint",
+                )
+            raise PtError(
+                f"every generator process has ended ({last}); their errors are in their own logs",
+                hint="start pt-rollout serve again at rollout.servers' addresses; the same "
+                "pt-train command resumes the run from its last checkpoint",
+            )
         running = len(self._generators)
         if prompts:
             log.warning(

@@ -1002,8 +1002,10 @@ class OnlineProducer(Producer):
             and theirs[k] != config[k]
         ]
         if differ:
+            name = self.cfg.model.name_or_path
             wrong.append((f"its model ({info['model']}) is not the policy's shape: "
-                          f"{', '.join(differ)}", "--model with the run's model.name_or_path"))  # fmt: skip
+                          f"{', '.join(differ)}",
+                          f"--model {name}" if name else "--model of the policy's shape"))  # fmt: skip
         return wrong
 
     def _push_current(self) -> None:
