@@ -1196,22 +1196,19 @@ class GeneratorPool:
         if generator.address is None:
             ended = f"generator process {index} of {self.servers} ended (exit {code})"
             last = f"the last, {index}, with exit {code}"
+            where, again = "above", ""
         else:
             ended = (
                 f"generator {index} of {self.servers} at {generator.address} closed its connection"
             )
             last = f"the last, {index}, at {generator.address}"
+            where = "in their own logs"
+            again = "start pt-rollout serve again at rollout.servers' addresses; "
         if not self._generators:
             log.warning("%s; none is left", ended)
-            if generator.address is None:
-                raise PtError(
-                    f"every generator process has ended ({last}); their errors are above",
-                    hint="the same pt-train command resumes the run from its last checkpoint",
-                )
             raise PtError(
-                f"every generator process has ended ({last}); their errors are in their own logs",
-                hint="start pt-rollout serve again at rollout.servers' addresses; the same "
-                "pt-train command resumes the run from its last checkpoint",
+                f"every generator process has ended ({last}); their errors are {where}",
+                hint=f"{again}the same pt-train command resumes the run from its last checkpoint",
             )
         running = len(self._generators)
         if prompts:
