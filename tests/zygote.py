@@ -93,7 +93,7 @@ IMPORT_TIME_PREFIXES = (
     "PYTHON", "TORCH", "PYTORCH", "CUDA", "NVIDIA", "HF_", "HUGGINGFACE", "TRANSFORMERS_",
     "TOKENIZERS_", "SAFETENSORS", "DS_", "DEEPSPEED", "OMP_", "MKL_", "KMP_", "GOMP_",
     "OPENBLAS", "LD_", "XDG_", "LC_", "TTY_", "CLICOLOR", "_TYPER", "TYPER_", "RICH_",
-    "VLLM_", "TRITON_",
+    "VLLM_", "TRITON_", "ATEN_",
 )  # fmt: skip
 # ... except these: applied in the child (OMP_NUM_THREADS with torch.set_num_threads), or
 # set by torch in the test's process and read by torch only when it uses them.
