@@ -33,6 +33,9 @@ def _fork_commands() -> None:
 
 
 _fork_commands()
+# The helpers of generator processes (serving.py), which pt-rollout's and pt-train's
+# tests share, are imported by name from pt-rollout's tests' folder.
+sys.path.append(os.path.join(os.path.dirname(__file__), "packages", "pt-rollout", "tests"))
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +66,34 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     model.save_pretrained(str(out))
     tiny_tokenizer.save_pretrained(str(out))
     return out
+
+
+@pytest.fixture(scope="session")
+def other_model_dir(tmp_path_factory, tiny_tokenizer):
+    """Another model of the tiny Llama's shape: the same architecture, seed 1."""
+    from pt_train.model import build_llama
+
+    out = tmp_path_factory.mktemp("reference-seed1")
+    build_llama(tiny_tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=1).save_pretrained(
+        str(out)
+    )
+    tiny_tokenizer.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    """Where a listening generator process writes its key (and a trainer reads it)."""
+    return tmp_path / "keys" / "serve.key"
+
+
+@pytest.fixture
+def second_host():
+    """A second host on this machine (packages/pt-rollout/tests/serving.py's other_host)."""
+    from serving import other_host
+
+    with other_host() as host:
+        yield host
 
 
 def _realshape():

@@ -133,7 +133,7 @@ def build(shape: str, workdir: Path):
 
 def bench_shape(shape: str, workdir: Path, pushes: int, way: str) -> dict:
     from pt_rollout.engines import Request
-    from pt_rollout.serve import GeneratorPool
+    from pt_rollout.serve import GeneratorPool, GeneratorSpec
     from pt_train.checkpoint import save_model_weights
     from pt_train.producers.online import pairs_to_send
 
@@ -151,9 +151,8 @@ def bench_shape(shape: str, workdir: Path, pushes: int, way: str) -> dict:
     answers = {}
     version = 0
     try:
-        with GeneratorPool(
-            str(start), python=str(SERVE_PYTHON), engine="vllm", weight_transfer=way
-        ) as pool:
+        spec = GeneratorSpec(model=str(start), engine="vllm", weight_transfer=way)
+        with GeneratorPool(spec, python=str(SERVE_PYTHON)) as pool:
             # the engines' set-up (gloo: the group's rendezvous) comes with the first push:
             # not timed
             version += 1

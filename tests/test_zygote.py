@@ -70,7 +70,7 @@ def test_the_generator_process_module_is_forked_and_answers_as_a_plain_one():
     out, _ = proc.communicate(timeout=300)
     forked, plain = both([python, "-m", "pt_rollout.serve", "--help"])
     assert proc.returncode == forked.returncode == plain.returncode == 0
-    assert out == forked.stdout == plain.stdout and "--socket" in out
+    assert out == forked.stdout == plain.stdout and "--listen" in out
     forked, plain = both([python, "-m", "pt_rollout.serve", "--engine", "nope"])
     assert forked.returncode == plain.returncode == 2 and forked.stderr == plain.stderr
     for args in ([python, "-m", "json.tool", "--help"],

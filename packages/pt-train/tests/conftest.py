@@ -142,16 +142,3 @@ def pairs_file(tmp_path_factory):
     from pt_core.files import write_rows
 
     return write_rows(tmp_path_factory.mktemp("pairs") / "pairs.jsonl", preference_pairs())
-
-
-@pytest.fixture(scope="session")
-def other_model_dir(tmp_path_factory, tiny_tokenizer):
-    """A reference that is not the policy's start: the same tiny Llama, seed 1."""
-    from pt_train.model import build_llama
-
-    out = tmp_path_factory.mktemp("reference-seed1")
-    build_llama(tiny_tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=1).save_pretrained(
-        str(out)
-    )
-    tiny_tokenizer.save_pretrained(str(out))
-    return out

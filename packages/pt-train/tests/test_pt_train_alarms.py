@@ -114,17 +114,17 @@ def test_a_generator_sampling_with_wrong_weights_trips_the_mismatch_alarm(grpo_w
     generator's weights perturbed (noise of std 0.05 on every matrix while it samples,
     a broken weight push) the log-probs recorded at sampling are not the trainer's,
     rollout_kl is far above 0.01 and the run stops at step 1 without its update."""
-    from pt_train.producers.online import OnlineProducer
+    from pt_train.producers.online.generators.local import LocalGenerator
 
     monkeypatch.syspath_prepend(str(grpo_world))
     healthy = grpo_config(grpo_world, "healthy")
     assert train(healthy).step == 2
     assert all(r["rollout_kl"] < 1e-6 for r in read_metrics(healthy.run_dir))
 
-    generate = OnlineProducer._generate_local_requests
+    generate = LocalGenerator._generate
 
     def with_wrong_weights(self, requests):
-        model = self.policy()
+        model = self.context.weights.policy.module()
         saved = [p.detach().clone() for p in model.parameters()]
         noise = torch.Generator().manual_seed(1)
         with torch.no_grad():
@@ -138,7 +138,7 @@ def test_a_generator_sampling_with_wrong_weights_trips_the_mismatch_alarm(grpo_w
                 for p, s in zip(model.parameters(), saved, strict=True):
                     p.copy_(s)
 
-    monkeypatch.setattr(OnlineProducer, "_generate_local_requests", with_wrong_weights)
+    monkeypatch.setattr(LocalGenerator, "_generate", with_wrong_weights)
     broken = grpo_config(grpo_world, "broken")
     with pytest.raises(AlarmTripped, match=r"step 1: rollout_kl = .* is above"):
         train(broken)

@@ -120,13 +120,13 @@ sys.exit(main())
 # that training has stepped on by the time the weights are read and sent.
 DELAYED_PUSH = """
 import sys, time
-from pt_rollout.serve import RemoteGenerator
+from pt_rollout.serve.transfer import TransferSender
 from pt_train.cli import main
-push = RemoteGenerator._push
+push = TransferSender._push
 def delayed(self, *args):
     time.sleep(1.0)
     return push(self, *args)
-RemoteGenerator._push = delayed
+TransferSender._push = delayed
 sys.argv = ["pt-train", *sys.argv[1:]]
 sys.exit(main())
 """
@@ -374,7 +374,7 @@ def test_a_process_on_another_node_takes_the_weights_over_gloo(world, tmp_path):
     round 1's on the step-1 checkpoint; the run goes to the address given, not a process
     of its own. A second run on the same process (which holds the first's last weights)
     does too."""
-    from listening import listening, other_host
+    from serving import listening, other_host
 
     require_vllm_env()
     key = tmp_path / "serve.key"
@@ -481,8 +481,13 @@ def test_keys_for_gpus_are_checked_by_run_not_by_check(world):
 @pytest.mark.parametrize(
     ("rollout", "sections", "message"),
     [
-        ({}, {}, "set rollout.engine=vllm"),
-        ({"engine": "vllm", "servers": 2}, {}, "rollout.servers=2 starts"),
+        # each key, or value, of one generator kind is refused for another
+        (
+            {"engine": "hf"},
+            {},
+            "rollout.engine=hf is for rollout.generator=local or rollout.generator=server",
+        ),
+        ({"engine": "vllm", "servers": 2}, {}, "rollout.servers is for rollout.generator=server"),
         ({"engine": "vllm", "schedule": "step_off"}, {}, "set rollout.generator=server"),
         ({"engine": "vllm", "python": "/usr/bin/python3"}, {}, "remove rollout.python"),
         ({"engine": "vllm"}, {"launcher": {"nproc": 2}}, "launcher.nproc=1"),
@@ -501,7 +506,8 @@ def test_keys_for_gpus_are_checked_by_run_not_by_check(world):
         (
             {"engine": "vllm", "generator": "server", "sleep_level": 2},
             {},
-            "rollout.sleep_level=2 puts the colocated vLLM engine to sleep",
+            "rollout.sleep_level is for rollout.generator=colocate; here rollout.generator is "
+            "server",
         ),
         # CUDA IPC: one rank (a GPU: test_keys_for_gpus_are_checked_by_run_not_by_check)
         (
@@ -509,12 +515,18 @@ def test_keys_for_gpus_are_checked_by_run_not_by_check(world):
             {"launcher": {"nproc": 2}},
             "rollout.weight_transfer=ipc shares one rank's weights",
         ),
-        ({"engine": "vllm", "weight_transfer": "ipc"}, {}, "generator=colocate"),
+        (
+            {"engine": "vllm", "weight_transfer": "ipc"},
+            {},
+            "rollout.weight_transfer=ipc is for rollout.generator=server",
+        ),
         (
             {"engine": "vllm", "weight_transfer": "gloo"},
             {},
-            "rollout.weight_transfer=gloo is how vLLM generator processes get new weights",
+            "rollout.weight_transfer=gloo is for rollout.generator=server",
         ),
+        # generator: colocate alone is vLLM in the trainer's process
+        ({}, {}, "has no vllm"),
         ({"engine": "hf", "generator": "server", "weight_transfer": "gloo"}, {}, "engine=hf"),
         (
             {

@@ -3,8 +3,8 @@ the engine around each generation, in order.
 
 vLLM's sleep mode runs on a GPU only (its CPU worker ignores the calls), so the engine here
 is a recorder with the four calls the loop makes of :class:`pt_rollout.engines.vllm.VLLMEngine`
-(``push_weights``, ``generate``, ``sleep``, ``wake_up``), driven through the loop's own
-generation path (``OnlineProducer._generate_local_requests``). The refusals on a machine
+(``push_weights``, ``generate``, ``sleep``, ``wake_up``), driven through the colocated
+generator's own protocol (``push``, ``submit``, ``wait``). The refusals on a machine
 without a GPU are in test_pt_train_colocate.py.
 """
 
@@ -15,9 +15,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pt_rollout.engines import Completion
-from pt_train.config import RolloutConfig
-from pt_train.producers.online import OnlineProducer
+from pt_rollout.engines import Completion, Request
+from pt_train.config import ColocateRollout
+from pt_train.producers.online.generators import GeneratorContext
+from pt_train.producers.online.generators.colocated import ColocatedGenerator
+from pt_train.producers.online.push import CurrentWeights
 
 
 class Recorder:
@@ -58,34 +60,36 @@ class Recorder:
         return all(self.awake.values())
 
 
-def producer(level: int) -> tuple[OnlineProducer, Recorder]:
-    """The loop's state after its colocated engine was built from the starting weights."""
-    p = object.__new__(OnlineProducer)
-    p.rollout = RolloutConfig(
-        prompts="prompts.jsonl", generator="colocate", engine="vllm", sleep_level=level
-    )
-    p.needs = SimpleNamespace(teacher=None, logprobs_mode="processed", student_top_k=0)
-    p.policy = lambda: torch.nn.Linear(1, 1)
-    p.weights_of_policy = lambda: iter([("version", torch.tensor(float(p._version)))])
-    p._stop_token_ids = (2,)
+class Policy:
+    """A policy whose weights are one tensor holding the number of updates behind them."""
+
+    def __init__(self):
+        self.version = 0
+
+    def weights(self):
+        return iter([("version", torch.tensor(float(self.version)))])
+
+
+def generator(level: int) -> tuple[ColocatedGenerator, Recorder, Policy]:
+    """The colocated generator once its engine was built from the starting weights."""
+    rollout = ColocateRollout(prompts="prompts.jsonl", generator="colocate", sleep_level=level)
+    needs = SimpleNamespace(teacher=None, logprobs_mode="processed", student_top_k=0)
+    policy = Policy()
+    context = GeneratorContext(
+        SimpleNamespace(rollout=rollout), needs, None, CurrentWeights(policy, None),  # pyright: ignore[reportArgumentType]
+        {"max_tokens": 4, "stop_token_ids": (2,)},
+    )  # fmt: skip
     engine = Recorder(level)
-    p._generator = engine
-    p._version = 0
-    p._pushed_version = 0
-    p._push_seconds = 0.0
-    p._asleep = False
-    p._sleep_seconds = 0.0
-    return p, engine
+    return ColocatedGenerator(context, engine=engine, engine_version=0), engine, policy
 
 
-def rounds(p: OnlineProducer, versions: list[int]) -> None:
+def rounds(made: ColocatedGenerator, policy: Policy, versions: list[int]) -> None:
     """One generation per entry, after the trainer reached that many updates (an entry
     repeated: a second generation of the same round, as dynamic sampling asks for)."""
-    from pt_rollout.engines import Request
-
     for version in versions:
-        p._version = version
-        p._generate_local_requests([Request([5, 6], 0)])
+        policy.version = version
+        made.push(version)
+        assert made.wait(made.submit([Request([5, 6], 0)])).version == version
 
 
 @pytest.mark.parametrize(
@@ -115,8 +119,8 @@ def rounds(p: OnlineProducer, versions: list[int]) -> None:
     ],
 )  # fmt: skip
 def test_the_engine_sleeps_between_generations_and_wakes_its_weights_for_the_push(level, expected):
-    p, engine = producer(level)
-    rounds(p, [0, 1, 1, 2])
+    made, engine, policy = generator(level)
+    rounds(made, policy, [0, 1, 1, 2])
     assert engine.calls == expected
-    assert p._asleep == bool(level)
-    assert (p._sleep_seconds > 0) == bool(level)
+    assert made.asleep == bool(level)
+    assert ("sleep_s" in made.round_metrics()) == bool(level)

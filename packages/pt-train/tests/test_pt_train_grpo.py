@@ -265,7 +265,7 @@ def test_grpo_killed_mid_round_and_resumed_ends_with_the_uninterrupted_weights(g
     )
     assert all(torch.equal(a[k], b[k]) for k in a)
     rounds = sorted((runs / "resumed" / "rounds").iterdir())
-    assert (rounds[1] / "old-logps-rank0.json").exists()
+    assert (rounds[1] / "old-logps-rank0.pt").exists()
     records = [
         json.loads(x) for x in (runs / "reference" / "metrics.jsonl").read_text().splitlines()
     ]
@@ -288,7 +288,7 @@ def test_epochs_per_round_train_a_rounds_rows_again_against_its_starting_log_pro
     assert [r["round"] for r in records] == [0, 0, 1, 1, 2, 2, 3, 3]
     rounds = sorted((run / "rounds").iterdir())
     assert len(rounds) == 4
-    assert all((d / "old-logps-rank0.json").exists() for d in rounds)
+    assert all((d / "old-logps-rank0.pt").exists() for d in rounds)
     learned = 0
     for index, directory in enumerate(rounds):
         first, second = records[2 * index : 2 * index + 2]
@@ -302,7 +302,7 @@ def test_epochs_per_round_train_a_rounds_rows_again_against_its_starting_log_pro
     assert records[0]["clip_low"] == records[0]["clip_high"] == 0.0
     # the round's rows, advantages and old log-probs are those the trainer read
     rows = [json.loads(x) for x in (rounds[0] / "rollouts.jsonl").read_text().splitlines()]
-    old = json.loads((rounds[0] / "old-logps-rank0.json").read_text())
+    old = [t.tolist() for t in torch.load(rounds[0] / "old-logps-rank0.pt")]
     assert len(old) == len(rows) == 4
     assert [len(o) for o in old] == [len(r["completion_token_ids"]) for r in rows]
     np.testing.assert_allclose(

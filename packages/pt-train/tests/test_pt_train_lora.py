@@ -518,12 +518,13 @@ def test_vllm_loads_the_merged_checkpoint_and_generates_what_the_adapted_model_d
 
     from pt_rollout.engines import Request, SamplingParams
     from pt_rollout.engines.hf import HFEngine
-    from pt_rollout.serve import RemoteGenerator
+    from pt_rollout.serve import GeneratorSpec, RemoteGenerator
 
     inference = run(world, "for-vllm", tiny_tokenizer_dir, lora={}) / "inference/step-3"
     requests = [Request(tiny_tokenizer(f"What is {i} + {i}?")["input_ids"], 0) for i in range(4)]
     params = {"temperature": 0.0, "max_tokens": 12}
-    with RemoteGenerator(str(inference), python=str(VLLM_PYTHON), engine="vllm") as gen:
+    spec = GeneratorSpec(model=str(inference), engine="vllm")
+    with RemoteGenerator.start(spec, python=str(VLLM_PYTHON)) as gen:
         result = gen.wait(gen.submit_generate(requests, params))
     adapted = PeftModel.from_pretrained(base_model(tiny_tokenizer), inference / "adapter")
     hf = HFEngine(adapted.get_base_model(), tokenizer=tiny_tokenizer, device="cpu")

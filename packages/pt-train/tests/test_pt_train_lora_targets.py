@@ -56,8 +56,7 @@ def test_the_names_are_checked_on_the_skeleton_of_a_saved_model_without_its_weig
     """A run checks the names before it loads the model or writes its directory: on the
     model built from its config on the meta device, which names the same layers."""
     from pt_train.config import LoraSection, ModelConfig
-    from pt_train.lora import check_lora_targets
-    from pt_train.model import model_skeleton
+    from pt_train.model import check_lora_targets, model_skeleton
 
     model_cfg = ModelConfig(
         name_or_path=str(tiny_model_dir), lora=LoraSection(target_modules=["q_proj", "v_prj"])

@@ -379,15 +379,14 @@ def test_vllm_generator_takes_weights_between_generations_and_within_one(
 
     from pt_rollout.engines import Request, SamplingParams
     from pt_rollout.engines.hf import HFEngine
-    from pt_rollout.serve import RemoteGenerator
+    from pt_rollout.serve import GeneratorSpec, RemoteGenerator
 
     tokenizer = AutoTokenizer.from_pretrained(world / "student")
     requests = [Request(tokenizer(f"What is {i} + {i}?")["input_ids"], 0) for i in range(4)]
     params = {"temperature": 0.0, "max_tokens": 12}
     long = {**params, "max_tokens": 40, "logprobs": True}
-    with RemoteGenerator(
-        str(world / "student"), python=str(VLLM_PYTHON), engine="vllm", in_flight=True
-    ) as gen:
+    spec = GeneratorSpec(model=str(world / "student"), engine="vllm", in_flight=True)
+    with RemoteGenerator.start(spec, python=str(VLLM_PYTHON)) as gen:
         before = gen.wait(gen.submit_generate(requests, params))
         pushed = gen.wait(gen.submit_load_weights(str(world / "teacher"), version=7))
         after = gen.wait(gen.submit_generate(requests, params))
@@ -428,17 +427,15 @@ def test_a_vllm_teacher_in_the_generator_process_scores_what_the_in_process_one_
 
     from pt_rollout.engines import Request
     from pt_rollout.engines.hf import HFEngine
-    from pt_rollout.serve import RemoteGenerator
+    from pt_rollout.serve import GeneratorSpec, RemoteGenerator
 
     tokenizer = AutoTokenizer.from_pretrained(world / "student")
     requests = [Request(tokenizer(f"What is {i} + {i}?")["input_ids"], i) for i in range(4)]
     params = {"temperature": 1.0, "max_tokens": 12}
-    with RemoteGenerator(
-        str(world / "student"),
-        python=str(VLLM_PYTHON),
-        engine="vllm",
-        teacher=str(world / "teacher"),
-    ) as gen:
+    spec = GeneratorSpec(
+        model=str(world / "student"), engine="vllm", teacher=str(world / "teacher")
+    )
+    with RemoteGenerator.start(spec, python=str(VLLM_PYTHON)) as gen:
         served = gen.wait(gen.submit_generate(requests, params, {"top_k": 4}))
     completions = [c["token_ids"] for c in served["completions"]]
     assert sum(map(len, completions)) > 20

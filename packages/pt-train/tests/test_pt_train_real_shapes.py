@@ -263,7 +263,7 @@ def test_grpo_rounds_from_a_vllm_process_on_another_host_given_weights_over_gloo
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from listening import listening, other_host
+    from serving import listening, other_host
     from transformers import AutoModelForCausalLM
 
     require_vllm_env()

@@ -166,6 +166,9 @@ def _index(node: list, key: str, path: list[str], item: str) -> int:
 # --------------------------------------------------------------------------- validation
 
 
+_MISSING = object()  # no value given (a key that is not known at all)
+
+
 def validate(
     data: dict,
     schema: type[S],
@@ -202,13 +205,19 @@ def _describe(
     kind = err["type"]
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         ctx = err.get("ctx", {})
-        key = ctx.get("discriminator", "'name'").strip("'")
+        node = _model_at(schema, raw)
+        key = _tag_key(_union_models(_unwrap(node) if node is not None else None)) or "name"
         expected = ctx.get("expected_tags") or ", ".join(map(repr, _tags(_model_at(schema, raw))))
         given = f"{key} {ctx['tag']!r} is not known" if "tag" in ctx else f"no {key!r} is given"
         return (
             f"{where}: {dotted!r}: {given}; expected one of {expected}"
             f"\n  fix: set {dotted}.{key} to one of {expected}"
         )
+    if kind in ("extra_forbidden", "literal_error"):
+        value = _MISSING if kind == "extra_forbidden" else err.get("input")
+        note = _other_members_note(schema, raw, loc, where, value)
+        if note is not None:
+            return note
     if kind == "extra_forbidden":
         valid = _valid_keys(schema, raw[:-1])
         close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
@@ -268,19 +277,92 @@ def _model_at(schema: Any, loc: tuple) -> Any:
 
 
 def _tagged_members(node: Any) -> dict[str, type[BaseModel]]:
-    """The members of a union of models told apart by a literal ``name`` (their tags)."""
-    if typing.get_origin(node) not in (typing.Union, types.UnionType):
+    """The members of a union of models told apart by a literal field (:func:`_tag_key`),
+    by their tags."""
+    members = _union_models(node)
+    key = _tag_key(members)
+    if key is None:
         return {}
-    out = {}
+    return {
+        str(tag): member
+        for member in members
+        for tag in typing.get_args(member.model_fields[key].annotation)
+    }
+
+
+def _union_models(node: Any) -> list[type[BaseModel]]:
+    """The models of a union of models (each may be ``Annotated`` with its tag)."""
+    if typing.get_origin(node) not in (typing.Union, types.UnionType):
+        return []
+    members = []
     for member in typing.get_args(node):
+        while typing.get_origin(member) is typing.Annotated:
+            member = typing.get_args(member)[0]
         if not (isinstance(member, type) and issubclass(member, BaseModel)):
-            return {}
-        field = member.model_fields.get("name")
-        if field is None or typing.get_origin(field.annotation) is not typing.Literal:
-            return {}
-        for tag in typing.get_args(field.annotation):
-            out[str(tag)] = member
-    return out
+            return []
+        members.append(member)
+    return members
+
+
+def _tag_key(members: list[type[BaseModel]]) -> str | None:
+    """The field that tells a union's models apart: a ``Literal`` in each, no two sharing
+    a value (``name`` where that is one)."""
+    if not members:
+        return None
+    candidates = [k for k in members[0].model_fields if all(k in m.model_fields for m in members)]
+    candidates.sort(key=lambda k: k != "name")
+    for key in candidates:
+        annotations = [m.model_fields[key].annotation for m in members]
+        if any(typing.get_origin(a) is not typing.Literal for a in annotations):
+            continue
+        values = [v for a in annotations for v in typing.get_args(a)]
+        if len(values) == len(set(values)):
+            return key
+    return None
+
+
+def _in_union(schema: Any, raw: tuple) -> tuple[tuple, str, str, dict] | None:
+    """Where ``raw`` (a location as pydantic gives it) goes through a tagged union: the
+    section's keys as written, its tag key, the tag taken, and the union's members."""
+    for i in range(len(raw)):
+        node = _model_at(schema, raw[:i])
+        members = _tagged_members(_unwrap(node) if node is not None else None)
+        if members and str(raw[i]) in members:
+            key = _tag_key(_union_models(_unwrap(node)))
+            assert key is not None  # members were found by it
+            return _without_tags(schema, raw[:i]), key, str(raw[i]), members
+    return None
+
+
+def _other_members_note(
+    schema: Any, raw: tuple, loc: tuple, where: str, value=_MISSING
+) -> str | None:
+    """For a key refused in one member of a tagged union that another member takes (with
+    ``value``, where given): the message that says which, and the fix."""
+    found = _in_union(schema, raw)
+    if found is None:
+        return None
+    section, key, tag, members = found
+    name = str(loc[-1])
+    others = []
+    for other_tag, member in members.items():
+        field = member.model_fields.get(name)
+        if other_tag == tag or field is None:
+            continue
+        literal = typing.get_origin(field.annotation) is typing.Literal
+        if value is not _MISSING and literal and value not in typing.get_args(field.annotation):
+            continue
+        others.append(other_tag)
+    if not others:
+        return None
+    dotted = ".".join(map(str, loc))
+    tag_dotted = ".".join([*map(str, section), key])
+    what = dotted if value is _MISSING else f"{dotted}={value}"
+    kinds = " or ".join(f"{tag_dotted}={t}" for t in others)
+    return (
+        f"{where}: {what} is for {kinds}; here {tag_dotted} is {tag}"
+        f"\n  fix: set {tag_dotted}={others[0]}, or remove {dotted}"
+    )
 
 
 def _tags(node: Any) -> list[str]:

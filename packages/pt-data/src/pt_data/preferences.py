@@ -52,8 +52,7 @@ from typing import Any
 from pt_core.contracts import IGNORE_INDEX
 from pt_core.errors import InputError
 from pt_core.files import require_columns
-from pt_data.tokenize import ChunkPool, ConversationTokenizer, check_messages
-from pt_data.transforms import as_turns
+from pt_data.tokenize import ChunkPool, ConversationTokenizer, as_turns, check_messages
 
 CARRIED = ("id", "source", "margin")
 

@@ -621,3 +621,26 @@ def default_num_proc() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         return max(1, os.cpu_count() or 1)
+
+
+def as_turns(value: Any, role: str, column: str) -> list[dict]:
+    """A string or a message list as a message list: role and content (text parts joined
+    into text), and the tool-use keys a message has (``tool_calls``, ``tool_call_id``,
+    ``name``). Malformed roles and contents are left for the filters to count."""
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    if isinstance(value, list) and all(isinstance(m, dict) for m in value):
+        return [
+            as_template_message(
+                {
+                    "role": m.get("role"),
+                    "content": m.get("content"),
+                    **{k: m[k] for k in TOOL_KEYS if m.get(k) is not None},
+                },
+                f"column {column!r} message {i}",
+            )
+            for i, m in enumerate(value)
+        ]
+    raise InputError(
+        f"column {column!r} holds {type(value).__name__}; expected a string or a list of messages"
+    )

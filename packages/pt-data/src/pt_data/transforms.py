@@ -28,7 +28,7 @@ from typing import Any
 
 from pt_core.errors import ConfigError, InputError
 from pt_core.files import require_columns
-from pt_data.tokenize import TOOL_KEYS, as_template_message
+from pt_data.tokenize import as_turns
 
 KINDS = ("conversations", "prompts", "preferences")
 
@@ -175,29 +175,6 @@ def _carry(row: dict, out: dict, keys=("id", "source", "answer", "tools")) -> di
         if k in row and k not in out and row[k] is not None:
             out[k] = gold_text(row[k]) if k == "answer" else row[k]
     return out
-
-
-def as_turns(value: Any, role: str, column: str) -> list[dict]:
-    """A string or a message list as a message list: role and content (text parts joined
-    into text), and the tool-use keys a message has (``tool_calls``, ``tool_call_id``,
-    ``name``). Malformed roles and contents are left for the filters to count."""
-    if isinstance(value, str):
-        return [{"role": role, "content": value}]
-    if isinstance(value, list) and all(isinstance(m, dict) for m in value):
-        return [
-            as_template_message(
-                {
-                    "role": m.get("role"),
-                    "content": m.get("content"),
-                    **{k: m[k] for k in TOOL_KEYS if m.get(k) is not None},
-                },
-                f"column {column!r} message {i}",
-            )
-            for i, m in enumerate(value)
-        ]
-    raise InputError(
-        f"column {column!r} holds {type(value).__name__}; expected a string or a list of messages"
-    )
 
 
 def _with_instruction(problem: str, instruction: str | None) -> str:

@@ -20,6 +20,7 @@ from pt_core.manifest import emit_manifest
 from pt_rollout import __version__
 from pt_rollout.model_path import one_stdin_input, resolve_model
 from pt_rollout.output import interrupted
+from pt_rollout.serve.spec import GeneratorSpec, with_spec_options
 
 app = make_app(
     "pt-rollout", "Generate rollouts and score them with a teacher (vLLM or HF).", __version__
@@ -254,83 +255,46 @@ def chat_cmd(
 
 
 @app.command("serve")
+@with_spec_options
 def serve_cmd(
+    spec: GeneratorSpec,
     listen: str = typer.Option(
-        ...,
+        None,
         "--listen",
         help="HOST:PORT to listen on for a trainer (0.0.0.0:7000: every interface; port 0: "
         "any free one, printed).",
     ),
-    model: str = typer.Option(
-        ..., "--model", "-m", help="Model directory or hub name (the trainer pushes its weights)."
+    socket: str = typer.Option(
+        None, "--socket", hidden=True, help="A Unix socket, for the trainer that starts this."
     ),
-    engine: str = typer.Option("hf", "--engine", help="hf or vllm: rollout.engine's."),
-    teacher: str = typer.Option(None, "--teacher", help="Teacher to score with (OPD)."),
-    teacher_engine: str = typer.Option(None, "--teacher-engine", help="Default: --engine's."),
     key_file: str = typer.Option(
         None,
         "--key-file",
         help="The key a trainer must have (default ~/.pt/serve.key; written, mode 0600, if "
         "absent).",
     ),
-    weight_transfer: str = typer.Option(
-        None,
-        "--weight-transfer",
-        help="gloo or nccl: take weights through vLLM's weight-transfer API "
-        "(rollout.weight_transfer's); default: files sent over the connection.",
+    start_version: int = typer.Option(
+        0, "--start-version", hidden=True, help="The weight version of --model's weights."
     ),
-    in_flight: bool = flag(
-        "--in-flight", help="Load weights between two engine steps (rollout.in_flight)."
-    ),
-    max_logprobs: int = typer.Option(
-        20, "--max-logprobs", help="Top-k log-probs per position, at most (vLLM)."
-    ),
-    logprobs_mode: str = typer.Option(
-        "raw", "--logprobs-mode", help="raw or processed (vLLM): what the trainer asks for."
-    ),
-    decoder: str = typer.Option("auto", "--decoder", help="The HF engine's: auto, lean or hf."),
-    dtype: str = typer.Option("auto", "--dtype"),
-    seed: int = typer.Option(0, "--seed", help="Engine seed (seeding: engine only)."),
-    gpu_memory_utilization: float = typer.Option(None, "--gpu-memory-utilization"),
-    max_model_len: int = typer.Option(None, "--max-model-len"),
 ) -> None:
     """Serve a generator to a trainer on another node (rollout.servers: [HOST:PORT, ...])."""
-    import argparse
-
     from pt_core.errors import ConfigError
     from pt_rollout.serve import parse_address, serve
 
-    if engine not in ("hf", "vllm"):
-        raise ConfigError(f"--engine {engine!r}", hint="use hf or vllm (rollout.engine's)")
-    if weight_transfer not in (None, "gloo", "nccl"):
-        raise ConfigError(
-            f"--weight-transfer {weight_transfer!r}: not a way to a trainer on another node",
-            hint="use gloo or nccl (ipc shares a GPU with the trainer, on its own node)",
-        )
-    if logprobs_mode not in ("raw", "processed"):
-        raise ConfigError(
-            f"--logprobs-mode {logprobs_mode!r}: not a mode of vLLM's log-probs",
-            hint="use raw (OPD's) or processed (GRPO's: the distribution sampled from)",
-        )
-    if weight_transfer and engine != "vllm":
-        raise ConfigError(
-            f"--weight-transfer {weight_transfer} is vLLM's API", hint="add --engine vllm"
-        )
-    try:
-        parse_address(listen, listen=True)
-    except ValueError as exc:
-        raise ConfigError(f"--listen: {exc}", hint="e.g. --listen 0.0.0.0:7000") from None
-    model = resolve_model(model, option="--model")
-    serve(
-        argparse.Namespace(
-            socket=None, listen=listen, key_file=key_file, model=model, engine=engine,
-            teacher=teacher, teacher_engine=teacher_engine, dtype=dtype, seed=seed,
-            version=0, gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len, max_logprobs=max_logprobs,
-            logprobs_mode=logprobs_mode, decoder=decoder, in_flight=in_flight,
-            weight_transfer=weight_transfer,
-        )
-    )  # fmt: skip
+    if (listen is None) == (socket is None):
+        raise ConfigError("give --listen HOST:PORT", hint="e.g. --listen 0.0.0.0:7000")
+    if listen is not None:
+        if spec.weight_transfer == "ipc":
+            raise ConfigError(
+                "--weight-transfer ipc: not a way to a trainer on another node",
+                hint="use gloo or nccl (ipc shares a GPU with the trainer, on its own node)",
+            )
+        try:
+            parse_address(listen, listen=True)
+        except ValueError as exc:
+            raise ConfigError(f"--listen: {exc}", hint="e.g. --listen 0.0.0.0:7000") from None
+    spec = spec.replace(model=resolve_model(spec.model, option="--model"))
+    serve(spec, socket=socket, listen=listen, key_file=key_file, version=start_version)
 
 
 def _seeding(value: str) -> str:

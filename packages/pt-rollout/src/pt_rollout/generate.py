@@ -237,24 +237,32 @@ def _generate_batch(engine, tokenizer, batch, token_ids, sampling, options) -> l
             for row, sample in batch
         ]
         completions = engine.generate(requests, sampling)
-    out = []
-    for (row, sample), completion in zip(batch, completions, strict=True):
-        record = {
-            "id": row.id,
-            "sample": sample,
-            "prompt": row.prompt,
-            "completion": completion_text(tokenizer, completion.token_ids, options.stop),
-            "prompt_token_ids": token_ids[row.position],
-            "completion_token_ids": completion.token_ids,
-            "finish_reason": completion.finish_reason,
-        }
-        if completion.logprobs is not None:
-            record["completion_logprobs"] = completion.logprobs
-        if completion.topk_ids is not None:
-            record["student_topk_ids"] = completion.topk_ids
-            record["student_topk_logprobs"] = completion.topk_logprobs
-        out.append({**record, **{k: v for k, v in row.columns.items() if k not in record}})
-    return out
+    return [
+        rollout_row(row, sample, token_ids[row.position], completion, tokenizer, options.stop)
+        for (row, sample), completion in zip(batch, completions, strict=True)
+    ]
+
+
+def rollout_row(
+    row: PromptRow, sample: int, prompt_ids: list[int], completion, tokenizer, stop: list[str],
+    *, logprobs: bool | None = None, extra: dict | None = None,
+) -> dict:  # fmt: skip
+    """One rollouts row (:mod:`pt_rollout.columns`): the prompt row's ``sample``-th
+    completion, its text cut at the first of ``stop``, then ``extra`` and the prompt row's
+    other columns (a column of the row never overwrites one of the sample's)."""
+    from pt_rollout.columns import completion_columns
+
+    columns = completion_columns(completion, logprobs=logprobs)
+    record = {
+        "id": row.id,
+        "sample": sample,
+        **(extra or {}),
+        "prompt": row.prompt,
+        "completion": completion_text(tokenizer, columns["completion_token_ids"], stop),
+        "prompt_token_ids": list(prompt_ids),
+        **columns,
+    }
+    return {**record, **{k: v for k, v in row.columns.items() if k not in record}}
 
 
 def _check_prompt_lengths(pending, token_ids, max_model_len: int, source) -> None:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from pt_core.config import Section, changed_keys, load_config
 from pt_core.errors import ConfigError
@@ -243,12 +243,15 @@ class DeepSpeedSection(Section):
         return self
 
 
-class RolloutConfig(SamplingConfig):
+class RolloutBase(SamplingConfig):
     """The online loop: rounds of prompts -> samples from the current policy (sampled as
     :class:`pt_core.sampling.SamplingConfig` says: temperature, top_p, top_k, max_tokens,
     seed, seeding) -> teacher scores or rewards -> ``updates_per_round`` x
     ``epochs_per_round`` optimizer steps -> new weights to the generator. Set ``prompts``
-    to turn it on; see :mod:`pt_train.producers.online`."""
+    to turn it on; see :mod:`pt_train.producers.online`. Where the samples come from is
+    ``generator``, and each kind has its own keys (:class:`LocalRollout`,
+    :class:`ColocateRollout`, :class:`ServerRollout`): a key of one kind cannot be written
+    for another."""
 
     prompts: str | None = None  # prompt rows: a file, a pt-data prompts dataset, or a pipe path
     split: str | None = None  # of a dataset directory (default: train)
@@ -263,45 +266,71 @@ class RolloutConfig(SamplingConfig):
     # updates_per_round x epochs_per_round optimizer steps, each pass in the same order
     epochs_per_round: int = Field(default=1, ge=1)
     stop: list[str] = Field(default_factory=list)
-    # sync: generate round k with the weights after round k-1 (staleness 0); step_off: round
-    # k+N is generated while round k trains; async: the generator runs ahead as far as
+    # sync: generate round k with the weights after round k-1 (staleness 0); step_off and
+    # async overlap generation with training (generator: server only)
+    schedule: Literal["sync"] = "sync"
+
+
+class LocalRollout(RolloutBase):
+    """``generator: local``: the HF engine generates with the policy being trained, in the
+    trainer's process, between steps (no weight copies)."""
+
+    generator: Literal["local"] = "local"
+    engine: Literal["hf"] = "hf"
+    # the HF engine's decoder: lean (Llama-family models as flat tensor operations, the
+    # same logits to rounding), hf (the model's forward), auto (lean on a CPU only)
+    decoder: Literal["auto", "lean", "hf"] = "auto"
+
+
+class ColocateRollout(RolloutBase):
+    """``generator: colocate``: a vLLM engine in the trainer's process that gets new weights
+    from the live parameters in memory before each round."""
+
+    generator: Literal["colocate"]
+    engine: Literal["vllm"] = "vllm"
+    # the weights reach the engine as the live tensors, in memory
+    weight_transfer: Literal["memory"] = "memory"
+    # on a GPU: vLLM's sleep mode while the trainer steps. 1: its weights moved to host
+    # memory and its KV cache freed; 2: both freed (the push before the next round reloads
+    # the weights). 0: the engine keeps its memory.
+    sleep_level: int = Field(default=0, ge=0, le=2, strict=True)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, gt=0)
+
+
+class ServerRollout(RolloutBase):
+    """``generator: server``: generator processes (:mod:`pt_rollout.serve`, HF or vLLM, in
+    their own environment if need be) that get the policy's weights at each round start."""
+
+    generator: Literal["server"]
+    engine: Literal["hf", "vllm"] = "hf"
+    decoder: Literal["auto", "lean", "hf"] = "auto"  # the HF engine's (see LocalRollout)
+    # sync: round k generated with the weights after round k-1; step_off: round k+N is
+    # generated while round k trains; async: the generator runs ahead as far as
     # max_staleness allows.
     schedule: Literal["sync", "step_off", "async"] = "sync"
     step_off: int = Field(default=1, ge=1)
     max_staleness: int = Field(default=1, ge=0)  # optimizer updates, async only
     stale: Literal["drop", "keep"] = "drop"  # async: a round older than the bound
-    # async, vLLM server: new weights reach a generation already running, between two of its
+    # async, vLLM: new weights reach a generation already running, between two of its
     # steps, instead of waiting for it to end; each token records its weight version
     in_flight: bool = False
-    engine: Literal["hf", "vllm"] = "hf"
-    # the HF engine's decoder: lean (Llama-family models as flat tensor operations, the
-    # same logits to rounding), hf (the model's forward), auto (lean on a CPU only)
-    decoder: Literal["auto", "lean", "hf"] = "auto"
-    # local: the HF engine generates with the policy being trained, in this process (sync
-    # only, no weight copies); colocate: a vLLM engine in this process (engine vllm, sync
-    # only) that gets new weights from the live parameters in memory before each round;
-    # server: a generator process (pt_rollout.serve) that gets new weights after each round.
-    generator: Literal["local", "colocate", "server"] = "local"
-    python: str | None = None  # the generator process's interpreter (e.g. .venv-vllm/bin/python)
-    # generator processes (server only): each round is split among them, and one that ends
-    # has its share generated by another. N: started by pt-train on its node; a list of
-    # host:port: already listening there (pt-rollout serve --listen, on other nodes)
+    python: str | None = None  # the processes' interpreter (e.g. .venv-vllm/bin/python)
+    # generator processes: each round is split among them, and one that ends has its share
+    # generated by another. N: started by pt-train on its node; a list of host:port:
+    # already listening there (pt-rollout serve --listen, on other nodes)
     servers: int | list[str] = 1
     # with addresses in servers: the key they were started with (default ~/.pt/serve.key)
     server_key_file: str | None = None
-    # server, on a GPU node: the GPU of each generator process, an index among the devices
+    # on a GPU node: the GPU of each generator process, an index among the devices
     # pt-train sees (one per process); unset, every process sees the trainer's devices
     server_devices: list[Annotated[int, Field(strict=True, ge=0)]] | None = None
-    # how a generator process (server) gets new weights: files, as safetensors written to a
-    # directory in memory (/dev/shm) and loaded in place; gloo, broadcast over a gloo group
-    # with vLLM's weight-transfer API (engine vllm, no file; pt-train run where vllm is);
-    # ipc, the same API with CUDA IPC handles (a GPU the trainer and the process share);
-    # nccl, the same API over NCCL (processes on GPUs of their own: server_devices)
+    # how the processes get new weights: files, as safetensors written to a directory in
+    # memory (/dev/shm) and loaded in place; gloo, broadcast over a gloo group with vLLM's
+    # weight-transfer API (engine vllm, no file; pt-train run where vllm is); ipc, the same
+    # API with CUDA IPC handles (a GPU the trainer and the process share); nccl, the same
+    # API over NCCL (processes on GPUs of their own: server_devices)
     weight_transfer: Literal["files", "gloo", "ipc", "nccl"] = "files"
-    # colocate, on a GPU: vLLM's sleep mode while the trainer steps. 1: its weights moved
-    # to host memory and its KV cache freed; 2: both freed (the push before the next round
-    # reloads the weights). 0: the engine keeps its memory.
-    sleep_level: int = Field(default=0, ge=0, le=2, strict=True)
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     max_model_len: int | None = Field(default=None, gt=0)
 
@@ -329,7 +358,7 @@ class RolloutConfig(SamplingConfig):
                 "(pt-rollout serve --listen)"
             )
         if isinstance(value, list):
-            from pt_rollout.serve import parse_address
+            from pt_rollout.serve.protocol import parse_address
 
             if not value:
                 raise ValueError(
@@ -350,28 +379,6 @@ class RolloutConfig(SamplingConfig):
             raise ValueError(
                 f"rollout.decoder={self.decoder} has no effect with rollout.engine=vllm: it is "
                 "the HF engine's decoder; remove it"
-            )
-        if self.engine == "vllm" and self.generator == "local":
-            raise ValueError(
-                "rollout.engine=vllm runs in a generator process: set rollout.generator=server "
-                "(and rollout.python to the interpreter that has vllm), or "
-                "rollout.generator=colocate to run it in this process"
-            )
-        if self.generator == "colocate" and self.engine != "vllm":
-            raise ValueError(
-                f"rollout.generator=colocate runs a vLLM engine in the trainer's process, not "
-                f"the {self.engine} engine: set rollout.engine=vllm (or rollout.generator=local "
-                "for the HF engine on the policy itself)"
-            )
-        if isinstance(self.servers, list) and self.generator != "server":
-            raise ValueError(
-                "rollout.servers lists generator processes to connect to: set "
-                "rollout.generator=server"
-            )
-        if self.server_count > 1 and self.generator != "server":
-            raise ValueError(
-                f"rollout.servers={self.servers} starts that many generator processes: set "
-                "rollout.generator=server"
             )
         if self.server_key_file is not None and self.server_addresses is None:
             raise ValueError(
@@ -404,40 +411,20 @@ class RolloutConfig(SamplingConfig):
                     "processes on its own GPU, and those listed in rollout.servers are on "
                     "other nodes: use rollout.weight_transfer=nccl (or gloo, files)"
                 )
-        if self.python is not None and self.generator != "server":
-            raise ValueError(
-                f"rollout.python is the generator process's interpreter; with "
-                f"rollout.generator={self.generator} there is none: remove rollout.python "
-                "(colocate runs in the interpreter pt-train runs in)"
-            )
-        if self.schedule != "sync" and self.generator != "server":
-            raise ValueError(
-                f"rollout.schedule={self.schedule} overlaps generation with training, which "
-                "needs the generator in its own process: set rollout.generator=server"
-            )
         if self.in_flight and (self.schedule != "async" or self.engine != "vllm"):
             raise ValueError(
                 "rollout.in_flight pushes new weights into generations already running, "
-                "which only rollout.schedule=async has, with rollout.engine=vllm in a "
-                f"generator process (here schedule={self.schedule}, engine={self.engine}): "
-                "set those, or remove rollout.in_flight"
+                "which only rollout.schedule=async has, with rollout.engine=vllm "
+                f"(here schedule={self.schedule}, engine={self.engine}): set those, or "
+                "remove rollout.in_flight"
             )
-        if self.weight_transfer != "files" and (
-            self.generator != "server" or self.engine != "vllm"
-        ):
+        if self.weight_transfer != "files" and self.engine != "vllm":
             raise ValueError(
                 f"rollout.weight_transfer={self.weight_transfer} is how vLLM generator "
-                "processes get new weights (rollout.generator=server, rollout.engine=vllm; here "
-                f"generator={self.generator}, engine={self.engine}): set those, or remove "
-                "rollout.weight_transfer"
+                f"processes get new weights (here engine={self.engine}): set "
+                "rollout.engine=vllm, or remove rollout.weight_transfer"
             )
         if self.server_devices is not None:
-            if self.generator != "server":
-                raise ValueError(
-                    "rollout.server_devices places generator processes; with "
-                    f"rollout.generator={self.generator} there are none: set "
-                    "rollout.generator=server, or remove rollout.server_devices"
-                )
             if len(self.server_devices) != self.server_count:
                 raise ValueError(
                     f"rollout.server_devices names {len(self.server_devices)} devices for "
@@ -471,12 +458,6 @@ class RolloutConfig(SamplingConfig):
                 "processes on other nodes in rollout.servers), or use "
                 "rollout.weight_transfer=ipc (one GPU), gloo or files"
             )
-        if self.sleep_level and self.generator != "colocate":
-            raise ValueError(
-                f"rollout.sleep_level={self.sleep_level} puts the colocated vLLM engine to "
-                f"sleep while the trainer steps; with rollout.generator={self.generator} there "
-                "is none: set rollout.generator=colocate, or remove rollout.sleep_level"
-            )
         if self.weight_transfer != "files" and self.in_flight:
             raise ValueError(
                 f"rollout.in_flight loads new weights between two steps of a generation, from "
@@ -484,6 +465,22 @@ class RolloutConfig(SamplingConfig):
                 "generations: remove one of them"
             )
         return self
+
+
+def _generator_of(value) -> str:
+    """The kind a rollout section is: its ``generator`` (``local`` where none is given)."""
+    if isinstance(value, dict):
+        return value.get("generator", "local")
+    return getattr(value, "generator", "local")
+
+
+# The online loop's section: one of the generator kinds, by ``generator``.
+RolloutConfig = Annotated[
+    Annotated[LocalRollout, Tag("local")]
+    | Annotated[ColocateRollout, Tag("colocate")]
+    | Annotated[ServerRollout, Tag("server")],
+    Discriminator(_generator_of),
+]
 
 
 class GenerateEvalConfig(SamplingConfig):
@@ -557,7 +554,7 @@ class TrainConfig(Section):
     objective: ObjectiveConfig = Field(default_factory=SFTConfig)
     training: TrainingConfig
     deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    rollout: RolloutConfig = Field(default_factory=LocalRollout)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
@@ -601,7 +598,7 @@ class TrainConfig(Section):
                 "4-bit base's packed weights cannot be partitioned\n  fix: set "
                 "deepspeed.zero_stage=0"
             )
-        if self.rollout.prompts is not None and self.rollout.generator == "server":
+        if self.rollout.prompts is not None and isinstance(self.rollout, ServerRollout):
             raise ValueError(
                 "model.lora.load_in_4bit (QLoRA) with rollout.generator=server: the generator "
                 "process takes merged full-precision weights each round, which pt-train does "
@@ -615,7 +612,7 @@ class TrainConfig(Section):
         rank's parameters, on one rank (under ZeRO-3 gathered there a layer at a time).
         Checked with the config, before the model is loaded; vllm itself last, so the
         structural errors come first."""
-        if self.rollout.prompts is None or self.rollout.generator != "colocate":
+        if self.rollout.prompts is None or not isinstance(self.rollout, ColocateRollout):
             return self
         if self.launcher.nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ValueError(
@@ -643,11 +640,12 @@ class TrainConfig(Section):
     def _weight_transfer_has_vllm(self):
         """The trainer drives vLLM's weight-transfer API, so vllm must be importable in
         pt-train's own interpreter too. Checked with the config, before the model is loaded."""
-        if self.rollout.prompts is None or self.rollout.weight_transfer == "files":
+        r = self.rollout
+        if r.prompts is None or not isinstance(r, ServerRollout) or r.weight_transfer == "files":
             return self
         import importlib.util
 
-        if self.rollout.weight_transfer == "ipc" and (
+        if r.weight_transfer == "ipc" and (
             self.launcher.nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1
         ):
             raise ValueError(
@@ -657,7 +655,7 @@ class TrainConfig(Section):
             )
         if importlib.util.find_spec("vllm") is None:
             raise ValueError(
-                f"rollout.weight_transfer={self.rollout.weight_transfer} sends weights with "
+                f"rollout.weight_transfer={r.weight_transfer} sends weights with "
                 f"vLLM's weight-transfer API from this process, and {sys.executable} has no "
                 "vllm\n  fix: run pt-train from an environment with vllm and pt-train "
                 "(.ci/setup-vllm.sh makes .venv-vllm), or set rollout.weight_transfer=files"
@@ -727,17 +725,16 @@ def check_gpus(cfg: TrainConfig) -> None:
     r = cfg.rollout
     if r.prompts is None:
         return
+    sleep_level = r.sleep_level if isinstance(r, ColocateRollout) else 0
+    transfer = r.weight_transfer if isinstance(r, ServerRollout) else None
+    devices = r.server_devices if isinstance(r, ServerRollout) else None
     wanted = []  # (key=value, the fix on a machine without a GPU)
-    if r.sleep_level:
-        wanted.append((f"rollout.sleep_level={r.sleep_level}", "remove rollout.sleep_level"))
-    if r.weight_transfer in ("ipc", "nccl"):
-        wanted.append(
-            (f"rollout.weight_transfer={r.weight_transfer}", "set rollout.weight_transfer=gloo")
-        )
-    if r.server_devices is not None:
-        wanted.append(
-            (f"rollout.server_devices={r.server_devices}", "remove rollout.server_devices")
-        )
+    if sleep_level:
+        wanted.append((f"rollout.sleep_level={sleep_level}", "remove rollout.sleep_level"))
+    if transfer in ("ipc", "nccl"):
+        wanted.append((f"rollout.weight_transfer={transfer}", "set rollout.weight_transfer=gloo"))
+    if devices is not None:
+        wanted.append((f"rollout.server_devices={devices}", "remove rollout.server_devices"))
     if not wanted:
         return
     import torch
@@ -747,7 +744,7 @@ def check_gpus(cfg: TrainConfig) -> None:
         keys = ", ".join(key for key, _ in wanted)
         why = (
             " (vLLM's CPU build has no sleep mode, CUDA IPC or NCCL)"
-            if r.sleep_level or r.weight_transfer in ("ipc", "nccl")
+            if sleep_level or transfer in ("ipc", "nccl")
             else ""
         )
         raise ConfigError(
@@ -755,7 +752,7 @@ def check_gpus(cfg: TrainConfig) -> None:
             f"machine has none{why}",
             hint="; ".join(fix for _, fix in wanted),
         )
-    if r.server_devices is not None and (missing := [d for d in r.server_devices if d >= count]):
+    if devices is not None and (missing := [d for d in devices if d >= count]):
         raise ConfigError(
             f"rollout.server_devices names device {missing[0]}, and pt-train sees {count} "
             f"GPU{'s' if count > 1 else ''} (0 to {count - 1})",

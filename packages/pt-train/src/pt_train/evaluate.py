@@ -22,6 +22,7 @@ rank 0 (the other ranks wait). Both are logged with the step in ``metrics.jsonl`
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -32,48 +33,50 @@ from pt_train.distributed import all_reduce, barrier
 log = get_logger(__name__)
 
 
+class HeldOut:
+    """The held-out rows as this rank's micro-batches (``batches()``: every rank the same
+    number, None where a rank has fewer rows) and the objective's loss of one
+    (``forward_loss``): the trainer's, as it trains."""
+
+    def __init__(self, batches: Callable[[], list], forward_loss: Callable):
+        self._make = batches
+        self._batches: list | None = None
+        self.forward_loss = forward_loss
+
+    def batches(self) -> list:
+        if self._batches is None:
+            self._batches = self._make()
+        return self._batches
+
+
 class Evaluator:
-    def __init__(self, trainer):
-        self.trainer = trainer
-        self.cfg = trainer.cfg.eval
-        self._batches = None
+    """``policy``: the policy being trained (:class:`pt_train.policy.Policy`); ``held_out``:
+    the held-out rows and the loss of the objective, where it trains on rows or pairs."""
+
+    def __init__(self, cfg, env, policy, tokenizer, held_out: HeldOut | None = None):
+        self.cfg = cfg.eval
+        self.model_cfg = cfg.model
+        self.env = env
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.held_out = held_out
         self._prompts = None
         self._engine = None
 
     # ------------------------------------------------------------------ held-out loss
 
-    def _held_out_batches(self) -> list:
-        """This rank's micro-batches of the held-out rows (every rank the same number)."""
-        if self._batches is not None:
-            return self._batches
-        trainer = self.trainer
-        data = trainer.cfg.data.model_copy(update={"split": self.cfg.split, "shuffle": False})
-        producer = trainer._fixed_producer(data_cfg=data, for_eval=True)
-        items = list(range(producer.num_rows))
-        if self.cfg.max_rows is not None:
-            items = items[: self.cfg.max_rows]
-        world, rank = trainer.env.world_size, trainer.env.rank
-        per_rank = -(-len(items) // world)  # ceil: the last ranks may get fewer rows
-        mine = items[rank * per_rank : (rank + 1) * per_rank]
-        size = trainer.cfg.training.micro_batch_size
-        count = -(-per_rank // size)
-        self._batches = [
-            producer.to_batch(mine[i * size : (i + 1) * size]) if mine[i * size :] else None
-            for i in range(count)
-        ]
-        return self._batches
-
     def held_out_loss(self) -> dict:
-        trainer = self.trainer
+        assert self.held_out is not None  # run() asks for it only then
         total, count = 0.0, 0.0
         sums: dict[str, list[float]] = {}
-        trainer.engine.module.eval()
+        module = self.policy.engine.module
+        module.eval()
         try:
             with torch.no_grad():
-                for batch in self._held_out_batches():
+                for batch in self.held_out.batches():
                     if batch is None:  # a rank with fewer rows keeps step with the others
                         continue
-                    loss = trainer.forward_loss(batch)
+                    loss = self.held_out.forward_loss(batch)
                     total += float(loss.sum)
                     count += float(loss.count)
                     for name, (value, n) in loss.metrics.items():
@@ -81,9 +84,11 @@ class Evaluator:
                         acc[0] += float(value)
                         acc[1] += float(n)
         finally:
-            trainer.engine.train()
+            self.policy.engine.train()
         names = sorted(sums)
-        reduced = all_reduce([total, count, *(v for n in names for v in sums[n])], trainer.device)
+        reduced = all_reduce(
+            [total, count, *(v for n in names for v in sums[n])], self.policy.device
+        )
         out = {"eval_loss": reduced[0] / reduced[1] if reduced[1] else None}
         for i, name in enumerate(names):
             value, n = reduced[2 + 2 * i], reduced[3 + 2 * i]
@@ -94,9 +99,8 @@ class Evaluator:
 
     def generation_accuracy(self) -> dict:
         """Rank 0 answers the prompt set greedily with the policy; pt-eval grades them."""
-        trainer = self.trainer
         out: dict = {}
-        if trainer.env.is_main:
+        if self.env.is_main:
             out = self._generate_and_grade()
         barrier()
         return out
@@ -104,12 +108,10 @@ class Evaluator:
     def _generate_and_grade(self) -> dict:
         from pt_eval.grade import GradeOptions, grade_rows
         from pt_rollout.engines import Request, SamplingParams
-        from pt_rollout.engines.hf import HFEngine
         from pt_rollout.generate import completion_text, sample_seed
         from pt_rollout.prompts import prompt_token_ids, prompts_path, read_prompts, stop_token_ids
 
         g = self.cfg.generate
-        trainer = self.trainer
         start = time.perf_counter()
         if self._prompts is None:
             rows = read_prompts(prompts_path(g.prompts, g.split))[: g.max_prompts]
@@ -121,38 +123,29 @@ class Evaluator:
                     hint="set eval.generate.answer_key to the gold answer's column",
                 )
             ids = [
-                prompt_token_ids(trainer.tokenizer, r.prompt, template=g.template, system=g.system)
+                prompt_token_ids(self.tokenizer, r.prompt, template=g.template, system=g.system)
                 for r in rows
             ]
             self._prompts = (rows, ids)
         rows, ids = self._prompts
-        from pt_train.lora import hf_model
-
-        model = hf_model(trainer.engine.module)  # under LoRA the adapted model, as peft runs it
-        if self._engine is None:
-            device = next(model.parameters()).device
-            self._engine = HFEngine(model, tokenizer=trainer.tokenizer, device=str(device))
-        source = trainer.cfg.model.name_or_path or trainer.cfg.model.tokenizer_path
+        if self._engine is None:  # under LoRA the adapted model, as peft runs it
+            self._engine = self.policy.sampler(self.tokenizer)
+        source = self.model_cfg.name_or_path or self.model_cfg.tokenizer_path
         params = SamplingParams(
             temperature=g.temperature,
             top_p=g.top_p,
             top_k=g.top_k,
             max_tokens=g.max_tokens,
             seeding=g.seeding,
-            stop_token_ids=stop_token_ids(source, trainer.tokenizer, template=g.template),
+            stop_token_ids=stop_token_ids(source, self.tokenizer, template=g.template),
         )
         requests = [
             Request(i, sample_seed(g.seed, r.id, 0)) for r, i in zip(rows, ids, strict=True)
         ]
-        was_training = model.training
-        model.eval()
-        try:
-            completions = self._engine.generate(requests, params)
-        finally:
-            model.train(was_training)
+        completions = self._engine.generate(requests, params)
         graded, summary = grade_rows(
             [
-                {"id": r.id, "completion": completion_text(trainer.tokenizer, c.token_ids, []),
+                {"id": r.id, "completion": completion_text(self.tokenizer, c.token_ids, []),
                  "answer": r.columns[g.answer_key], "finish_reason": c.finish_reason}
                 for r, c in zip(rows, completions, strict=True)
             ],
@@ -171,7 +164,7 @@ class Evaluator:
 
     def run(self) -> dict:
         out = {}
-        if self.trainer.needs.data in ("tokens", "pairs"):
+        if self.held_out is not None:
             out.update(self.held_out_loss())
         if self.cfg.generate.prompts is not None:
             out.update(self.generation_accuracy())

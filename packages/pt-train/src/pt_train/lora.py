@@ -138,18 +138,6 @@ def check_target_names(model, targets: list[str]) -> None:
     )
 
 
-def check_lora_targets(model_cfg, tokenizer) -> None:
-    """Refuse ``model.lora.target_modules`` names that match no layer
-    (:func:`check_target_names`) on the model's skeleton, before the run loads the model
-    or writes anything to its directory."""
-    lora_cfg = model_cfg.lora
-    if lora_cfg is None or lora_cfg.target_modules == ["all-linear"]:
-        return
-    from pt_train.model import model_skeleton
-
-    check_target_names(model_skeleton(model_cfg, tokenizer), lora_cfg.target_modules)
-
-
 def _check_targets(peft_model, targets, names: list[str]) -> None:
     """Adapters only on linear layers, and not on an LM head tied to the input embeddings
     (the merged head would no longer equal the embeddings the checkpoint ties it to)."""

@@ -240,6 +240,18 @@ def model_skeleton(model_cfg, tokenizer):
         return AutoModelForCausalLM.from_config(config)
 
 
+def check_lora_targets(model_cfg, tokenizer) -> None:
+    """Refuse ``model.lora.target_modules`` names that match no layer
+    (:func:`check_target_names`) on the model's skeleton, before the run loads the model
+    or writes anything to its directory."""
+    lora_cfg = model_cfg.lora
+    if lora_cfg is None or lora_cfg.target_modules == ["all-linear"]:
+        return
+    from pt_train.lora import check_target_names
+
+    check_target_names(model_skeleton(model_cfg, tokenizer), lora_cfg.target_modules)
+
+
 def _initial_llama(init, tokenizer, *, seed: int):
     """The random model of ``model.init``; sizes that do not fit are a config error."""
     from pt_core.errors import ConfigError

@@ -50,11 +50,13 @@ from pt_train.distributed import DistEnv, all_reduce, barrier, init_distributed,
 from pt_train.engine import PlainEngine, use_plain_engine
 from pt_train.fingerprint import check_data_fingerprint, data_fingerprint, write_data_fingerprint
 from pt_train.logprobs import HeadRequest, install_token_head, other_model_hidden
-from pt_train.lora import AdaptersOff, check_lora_targets, hf_model, shares_reference
+from pt_train.lora import AdaptersOff, hf_model, shares_reference
 from pt_train.metrics import MetricsWriter, peak_flops, peak_memory_gb, training_flops_per_token
-from pt_train.model import load_model, load_tokenizer
+from pt_train.model import check_lora_targets, load_model, load_tokenizer
 from pt_train.objectives import REGISTRY, Needs, Objective, build_objective
+from pt_train.policy import Policy
 from pt_train.producers import Producer
+from pt_train.producers.fixed import FixedData
 from pt_train.schedule import lr_at
 from pt_train.signals import NonFiniteLoss, StopRequest
 from pt_train.watchdog import TestStall, Watchdog
@@ -159,6 +161,16 @@ class Trainer:
         self.objective.configure(cfg)
         self.needs: Needs = self.objective.needs
         self.reference = None
+        self.policy = Policy(
+            zero_stage=self.zero_stage,
+            device=self.device,
+            dtype=self.model_dtype,
+            chunk_mb=cfg.training.logits_chunk_mb,
+            temperature=self.needs.temperature,
+            # a colocated engine shares the trainer's device: its weights are not copied to
+            # the CPU on the way
+            on_device=cfg.rollout.generator == "colocate",
+        )
         if producer is None and cfg.rollout.prompts is not None:
             producer = self._online_producer()
         self.producer = producer if producer is not None else self._fixed_producer()
@@ -178,6 +190,7 @@ class Trainer:
             self.reference = self._load_reference()
         self._write_run_dir()
         self._build_engine()
+        self.policy.attach(self.engine)
         if adapters_off:
             log.info("frozen reference: the policy with its LoRA adapters disabled")
             self.reference = AdaptersOff(self.engine.module)
@@ -203,7 +216,7 @@ class Trainer:
             log.info("resuming %s from %s (step %d)", self.run_dir, latest.name, self.step)
         self.evaluator = None
         if cfg.eval.steps:
-            from pt_train.evaluate import Evaluator
+            from pt_train.evaluate import Evaluator, HeldOut
 
             if cfg.eval.generate.prompts is not None and self.zero_stage == 3:
                 raise ConfigError(
@@ -212,7 +225,10 @@ class Trainer:
                     hint="evaluate the inference checkpoints with pt-eval run instead, or use "
                     "deepspeed.zero_stage 0-2",
                 )
-            self.evaluator = Evaluator(self)
+            held_out = None
+            if self.needs.data in ("tokens", "pairs"):
+                held_out = HeldOut(self._held_out_batches, self.forward_loss)
+            self.evaluator = Evaluator(cfg, self.env, self.policy, self.tokenizer, held_out)
         self.metrics = MetricsWriter(
             self.run_dir, cfg.logging, enabled=self.env.is_main, resume_step=self.step
         )
@@ -290,41 +306,26 @@ class Trainer:
                 hint="set them, or use deepspeed.zero_stage 0-2",
             )
 
-        # a colocated engine shares the trainer's device: its weights are not copied to
-        # the CPU on the way
-        on_device = rollout.generator == "colocate"
+        return OnlineProducer(self.cfg, self.objective, self.env, self.tokenizer, self.policy)
 
-        def state_dict():
-            return ckpt.gathered_state_dict(self.engine, self.zero_stage, on_device=on_device)
-
-        def weights():
-            return ckpt.gathered_weights(self.engine, self.zero_stage, on_device=on_device)
-
-        def token_logps(batch):
-            """The current weights' log-probs of a batch's trained tokens (no gradient)."""
-            batch = batch.to(self.device)
-            with torch.no_grad():
-                out = self.engine(
-                    **batch.model_inputs(self.device, self.model_dtype),
-                    head=HeadRequest(
-                        targets=batch.targets,
-                        chunk_mb=self.cfg.training.logits_chunk_mb,
-                        temperature=self.needs.temperature,
-                        row_lengths=self.row_lengths(batch),
-                    ),
-                )
-            return out.token_logps.detach().double().cpu()
-
-        return OnlineProducer(
-            self.cfg,
-            self.objective,
-            self.env,
-            self.tokenizer,
-            policy=lambda: hf_model(self.engine.module),
-            state_dict=state_dict,
-            weights=weights,
-            token_logps=token_logps,
-        )
+    def _held_out_batches(self) -> list:
+        """This rank's micro-batches of the held-out rows (``eval.split``), every rank the
+        same number (None where a rank has fewer rows)."""
+        evaluation = self.cfg.eval
+        data = self.cfg.data.model_copy(update={"split": evaluation.split, "shuffle": False})
+        producer = cast(FixedData, self._fixed_producer(data_cfg=data, for_eval=True))
+        items = list(range(producer.num_rows))
+        if evaluation.max_rows is not None:
+            items = items[: evaluation.max_rows]
+        world, rank = self.env.world_size, self.env.rank
+        per_rank = -(-len(items) // world)  # ceil: the last ranks may get fewer rows
+        mine = items[rank * per_rank : (rank + 1) * per_rank]
+        size = self.cfg.training.micro_batch_size
+        count = -(-per_rank // size)
+        return [
+            producer.to_batch(mine[i * size : (i + 1) * size]) if mine[i * size :] else None
+            for i in range(count)
+        ]
 
     def _fixed_producer(self, data_cfg=None, for_eval: bool = False) -> Producer:
         """Token rows or preference pairs from ``data.path`` (or ``data_cfg``, e.g. the
@@ -495,10 +496,7 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def row_lengths(self, batch: Batch) -> list[int] | None:
-        """The rows' lengths for the token head to run rows of similar length together;
-        None under ZeRO-3, where every decoder call is a collective that all ranks must
-        make alike."""
-        return batch.row_lengths if self.zero_stage < 3 else None
+        return self.policy.row_lengths(batch)
 
     def forward_loss(self, batch: Batch):
         """The objective's :class:`LossOutput` of one micro-batch: the policy through the

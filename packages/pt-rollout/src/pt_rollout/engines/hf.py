@@ -106,15 +106,22 @@ class HFEngine(Engine):
     # ------------------------------------------------------------------ generation
 
     def generate(self, requests: Sequence[Request], params: SamplingParams) -> list[Completion]:
+        """Completions of ``requests``; a model being trained (given as a module) is put in
+        eval mode for them (no dropout) and back in the mode it was in after."""
         results: list[Completion | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_token_ids))
-        for batch in self._batches(
-            order, lambda i: len(requests[i].prompt_token_ids) + params.max_tokens
-        ):
-            for i, completion in zip(
-                batch, self._generate_batch([requests[i] for i in batch], params), strict=True
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for batch in self._batches(
+                order, lambda i: len(requests[i].prompt_token_ids) + params.max_tokens
             ):
-                results[i] = completion
+                for i, completion in zip(
+                    batch, self._generate_batch([requests[i] for i in batch], params), strict=True
+                ):
+                    results[i] = completion
+        finally:
+            self.model.train(was_training)
         return results  # type: ignore[return-value]
 
     def _batches(self, order: list[int], cost) -> list[list[int]]:

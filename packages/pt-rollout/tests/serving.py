@@ -1,13 +1,16 @@
-"""Generator processes listening on TCP addresses (``pt-rollout serve --listen``), as a
-trainer on another node finds them: started here on 127.0.0.1, each on a free port, or
-on another host (:func:`other_host`: a network namespace of this machine's, which has
-its own loopback and reaches the trainer only by the address on the route to it)."""
+"""Generator processes for the tests: the requests and answers they are checked with
+(:func:`requests`, :func:`same`), and processes listening on TCP addresses (``pt-rollout
+serve --listen``), as a trainer on another node finds them: started here on 127.0.0.1,
+each on a free port, or on another host (:func:`other_host`: a network namespace of this
+machine's, which has its own loopback and reaches the trainer only by the address on the
+route to it)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import fcntl
+import logging
 import os
 import random
 import shutil
@@ -20,7 +23,68 @@ from pathlib import Path
 
 import pytest
 
-from pt_rollout.serve import READY
+from pt_rollout.engines import Request
+from pt_rollout.serve import READY, GeneratorPool
+
+# Sampled (temperature 1) with per-sample seeds, so each completion is its seed's whatever
+# process and batch it lands in; log-probs and the raw top-2 recorded as the loop asks.
+PARAMS = {"temperature": 1.0, "max_tokens": 8, "logprobs": True, "logprobs_top_k": 2}
+SCORE = {"top_k": 2, "at_student_topk": False}
+
+
+def requests(tokenizer) -> list[Request]:
+    """7 requests (shards of 4 and 3 over two processes) of prompts of different lengths."""
+    prompts = [f"What is {i} + {i * 37}?" + " Think." * (i % 3) for i in range(7)]
+    return [Request(tokenizer(p)["input_ids"], seed=100 + i) for i, p in enumerate(prompts)]
+
+
+def generate(pool: GeneratorPool, reqs: list[Request]) -> dict:
+    return pool.wait(pool.submit_generate(reqs, PARAMS, SCORE))
+
+
+def agree(a, b) -> bool:
+    """Equal token ids (and every other integer or string); log-probs equal to float
+    rounding: the HF engine left-pads a batch to its longest prompt, and another width
+    rounds the same sums differently (about 1e-6), whichever process runs it."""
+    if isinstance(a, float) or isinstance(b, float):
+        return abs(a - b) <= 1e-5
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(agree(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(agree(a[k], b[k]) for k in a)
+    return a == b
+
+
+def same(a: dict, b: dict) -> None:
+    """Two answers agree: version, completions (token ids, log-probs, top-k) and teacher
+    scores, in request order."""
+    assert a["version"] == b["version"]
+    assert [c["token_ids"] for c in a["completions"]] == [c["token_ids"] for c in b["completions"]]
+    assert agree(a["completions"], b["completions"])
+    assert agree(a["scores"], b["scores"])
+
+
+class Messages(logging.Handler):
+    """The messages a logger emits at ``level`` and above."""
+
+    def __init__(self, level: int = logging.WARNING):
+        super().__init__(level)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def pool_warnings():
+    """The pool's warnings while the block runs."""
+    logger = logging.getLogger("pt.rollout.serve")
+    warnings = Messages()
+    logger.addHandler(warnings)
+    try:
+        yield warnings
+    finally:
+        logger.removeHandler(warnings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,59 +208,3 @@ def listening(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-
-
-def grpo_weights(
-    tmp_path: Path,
-    model_dir: Path,
-    name: str,
-    rollout: dict,
-    *,
-    reward: str = "pool_even_reward:reward",
-    deaths: tuple[int, int] = (0, 0),
-) -> dict:
-    """The final weights of GRPO, 2 steps of 2 prompts x 4 samples at temperature 1 from
-    generator processes (``rollout``: the keys that place them), rewarded by a
-    completion's even token ids (``pool_even_reward:reward``, in ``tmp_path``; they differ
-    within every group, so the steps train); ``deaths``: each round's generator_deaths.
-    The rollout correction is off: it weighs tokens by the generator's log-probs, which
-    another batch width rounds differently (about 1e-6), while the samples are the same."""
-    import json
-    import sys
-
-    from safetensors.torch import load_file
-
-    from pt_train.config import TrainConfig
-    from pt_train.metrics import read_metrics
-    from pt_train.trainer import train
-
-    prompts = tmp_path / "prompts.jsonl"
-    if not prompts.exists():
-        with open(prompts, "w") as fh:
-            for i in range(8):
-                fh.write(json.dumps({"id": f"p{i}", "prompt": f"What is {i} + {i}?",
-                                     "answer": str(2 * i)}) + "\n")  # fmt: skip
-        (tmp_path / "pool_even_reward.py").write_text(
-            "def reward(rows):\n"
-            "    return [sum(t % 2 == 0 for t in r['completion_token_ids']) for r in rows]\n"
-        )
-    cfg = {
-        "run_name": name,
-        "output_dir": str(tmp_path / "runs"),
-        "model": {"name_or_path": str(model_dir)},
-        "objective": {"name": "grpo", "rollout_correction": {"level": "none"}},
-        "reward": {"function": reward},
-        "rollout": {"prompts": str(prompts), "samples_per_prompt": 4, "max_tokens": 8,
-                    "temperature": 1.0, "generator": "server", **rollout},
-        "training": {"seed": 0, "learning_rate": 1e-3, "lr_schedule": "constant",
-                     "global_batch_size": 8, "micro_batch_size": 4, "max_steps": 2},
-    }  # fmt: skip
-    sys.path.insert(0, str(tmp_path))  # the reward's module
-    try:
-        train(TrainConfig.model_validate(cfg))
-    finally:
-        sys.path.remove(str(tmp_path))
-    metrics = read_metrics(tmp_path / "runs" / name)
-    assert [m["generator_deaths"] for m in metrics] == list(deaths)
-    assert any(m["reward_std"] > 0 for m in metrics)  # a gradient to follow
-    return load_file(tmp_path / "runs" / name / "inference" / "step-2" / "model.safetensors")
