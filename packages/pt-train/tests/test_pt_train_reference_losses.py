@@ -32,6 +32,8 @@ REFERENCE = {
     "dft": (0.013332556652766402, 0.006223943084478378),
     "asft": (0.018687302066433813, 0.012234269641339779),
     "dpo": (0.6920521855354309, 1.7998802661895752),
+    "orpo": (6.230449676513672, 4.306971073150635),
+    "kto": (0.49955374002456665, 0.45196929574012756),
     "opd": (0.004462260752916336, 0.05523042008280754),
     "grpo": (0.0, 1.577571988105774),
 }
@@ -120,6 +122,14 @@ def config(root, tokenizer_dir, name: str) -> dict:
             "objective": {"name": "dpo", "beta": 0.1, "reference": {"path": seed1}},
             "data": {"path": str(root / "pairs.jsonl")},
         },
+        "orpo": {
+            "objective": {"name": "orpo", "beta": 0.1},
+            "data": {"path": str(root / "pairs.jsonl")},
+        },
+        "kto": {
+            "objective": {"name": "kto", "beta": 0.1, "reference": {"path": seed1}},
+            "data": {"path": str(root / "pairs.jsonl")},
+        },
         "opd": {
             "objective": {"name": "opd", "loss": "forward_kl", "teacher": {"path": seed1}},
             "rollout": {**online, "samples_per_prompt": 1},
@@ -156,6 +166,13 @@ def step_one(root, tokenizer_dir, name: str, monkeypatch) -> tuple[float, float]
     train(cfg)
     (record,) = read_metrics(cfg.run_dir)
     return record["loss"], record["grad_norm"]
+
+
+def test_every_objective_of_the_registry_has_its_frozen_values():
+    """A new objective gets its row here when it is added to the registry."""
+    from pt_train.objectives import NAMES
+
+    assert sorted(REFERENCE) == sorted(NAMES)
 
 
 @pytest.mark.parametrize("name", list(REFERENCE))
