@@ -396,14 +396,14 @@ def behaviour(cfg: TrainConfig, rewards: bool = False) -> dict:
     objective.configure(cfg)
     needs = objective.needs
     if needs.data == "rollouts":
-        batch = rollouts(needs.temperature, needs.old_logps)
+        batch = rollouts(cfg.sampling_temperature, needs.old_logps)
     else:
         batch = token_batch() if needs.data == "tokens" else pair_batch()
     head = objective.head(batch)
     dense = objective.dense() if needs.frozen == "dense" else None
     request = HeadRequest(
         targets=batch.targets,
-        temperature=needs.temperature,
+        temperature=cfg.sampling_temperature,
         dense=dense,
         dense_hidden=fixed((batch.num_trained, HIDDEN), 20, 2.0) if dense else None,
         dense_head=lm_head(21) if dense else None,

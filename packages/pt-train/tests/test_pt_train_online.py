@@ -136,6 +136,72 @@ def test_opd_with_a_task_reward_adds_its_term_to_the_distillation_loss(world, mo
     assert any(not torch.equal(a[k], b[k]) for k in a)
 
 
+def tempered_forward_kl(world: Path, rows: list[dict], temperature: float) -> float:
+    """OPD's forward KL over the teacher's top 4 and the mass outside them, written out: the
+    student (its starting weights) and the teacher run here on each row's prompt and
+    completion, both distributions at ``temperature``, averaged over the completion tokens."""
+    from transformers import AutoModelForCausalLM
+
+    models = {
+        n: AutoModelForCausalLM.from_pretrained(world / n).eval() for n in ("student", "teacher")
+    }
+    total, count = 0.0, 0
+    for row in rows:
+        ids = torch.tensor([row["prompt_token_ids"] + row["completion_token_ids"]])
+        n, p = len(row["completion_token_ids"]), len(row["prompt_token_ids"])
+        with torch.no_grad():
+            logps = {k: torch.log_softmax(m(ids).logits[0, p - 1 : p - 1 + n].double() / temperature, -1)
+                     for k, m in models.items()}  # fmt: skip
+        top = logps["teacher"].topk(4, -1).indices  # [n, 4]
+        t, s = logps["teacher"].gather(-1, top), logps["student"].gather(-1, top)
+        t_rest = torch.log1p(-t.exp().sum(-1))
+        s_rest = torch.log1p(-s.exp().sum(-1))
+        kl = (t.exp() * (t - s)).sum(-1) + t_rest.exp() * (t_rest - s_rest)
+        total, count = total + float(kl.sum()), count + n
+    return total / count
+
+
+def test_opd_compares_student_and_teacher_at_the_temperature_sampled(world):
+    """Sampled at temperature 0.7, the teacher's top-4 log-probs in the round are its
+    distribution at 0.7, and the first step's loss is the forward KL of the student's and
+    the teacher's distributions at 0.7 (worked out here from the two models), not at 1."""
+    from transformers import AutoModelForCausalLM
+
+    metrics = run(world, "tempered", steps=1, temperature=0.7)
+    (rows,) = rounds(world, "tempered")
+    teacher = AutoModelForCausalLM.from_pretrained(world / "teacher").eval()
+    row = rows[0]
+    ids = torch.tensor([row["prompt_token_ids"] + row["completion_token_ids"]])
+    n, p = len(row["completion_token_ids"]), len(row["prompt_token_ids"])
+    with torch.no_grad():
+        logits = teacher(ids).logits[0, p - 1 : p - 1 + n]
+    tempered = torch.log_softmax(logits / 0.7, -1).topk(4, -1)
+    assert row["teacher_topk_ids"] == tempered.indices.tolist()
+    torch.testing.assert_close(torch.tensor(row["teacher_topk_logprobs"]), tempered.values,
+                               atol=1e-5, rtol=0)  # fmt: skip
+    expected = tempered_forward_kl(world, rows, 0.7)
+    assert metrics[0]["loss"] == pytest.approx(expected, rel=1e-4)
+    assert abs(tempered_forward_kl(world, rows, 1.0) - expected) > 1e-3 * expected
+    # pg_reverse_kl reads the sampled token's log-prob O(y): the generator records it under
+    # the distribution sampled from (0.7), so on-policy the ratio to the trainer's is 1
+    cfg = config(world, "tempered-pg", steps=1, temperature=0.7)
+    cfg["objective"] = {"name": "opd", "loss": "pg_reverse_kl",
+                        "teacher": {"path": str(world / "teacher")}}  # fmt: skip
+    train(TrainConfig.model_validate(cfg))
+    (rows,) = rounds(world, "tempered-pg")
+    student = AutoModelForCausalLM.from_pretrained(world / "student").eval()
+    row = rows[0]
+    ids = torch.tensor([row["prompt_token_ids"] + row["completion_token_ids"]])
+    n, p = len(row["completion_token_ids"]), len(row["prompt_token_ids"])
+    with torch.no_grad():
+        logps = torch.log_softmax(student(ids).logits[0, p - 1 : p - 1 + n] / 0.7, -1)
+    sampled = logps.gather(-1, torch.tensor(row["completion_token_ids"])[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(row["completion_logprobs"]), sampled,
+                               atol=1e-5, rtol=0)  # fmt: skip
+    (step,) = read_metrics(world / "runs" / "tempered-pg")
+    assert step["ratio"] == pytest.approx(1.0, abs=1e-5)
+
+
 def test_a_generator_process_gives_the_in_process_generators_run(world):
     """The same sync run with the HF engine in a generator process that is pushed the
     weights every round: the same samples, losses and final weights as generating in-process

@@ -85,15 +85,17 @@ VLLM_CASES = {
     },
 }  # fmt: skip
 
-# sha256 of the final weights (names and bytes, in name order), first 16 hex digits
+# sha256 of the final weights (names and bytes, in name order), first 16 hex digits. OPD's
+# were recorded again when it came to compare the student and the teacher at the sampling
+# temperature (0.9 here) rather than at 1.
 HASHES = {
     "grpo-sync-local": "2de5ff5d226cf7ed",
     "grpo-sync-server2": "b4f02250012d0ed2",
     "grpo-step_off-server2": "7cafab214accb8fc",
     "grpo-async-server2": "cf84a166ddadb129",
     "grpo-sync-server-zero3-2ranks": "89b3856ad0f054a7",
-    "opd-sync-local": "9f6b6e51ca9420fd",
-    "opd-step_off-server": "b8e31f55044444ae",
+    "opd-sync-local": "9c59d84071ad3a96",
+    "opd-step_off-server": "0a89453cd47ba3e2",
 }
 # vLLM's kernel build (see vllm_kernels) -> the hash of every VLLM_CASES run
 VLLM_HASHES = {

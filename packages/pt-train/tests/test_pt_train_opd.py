@@ -308,3 +308,36 @@ def test_every_kl_mode_is_zero_in_training_when_the_teacher_is_the_student(
         record = read_metrics(tmp_path / loss)[0]
         assert abs(record["kl"]) < 1e-5, (loss, record["kl"])
         assert abs(record["sampled_kl"]) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("objective", "refused"),
+    [
+        ({"loss": "pg_reverse_kl"}, True),
+        ({"loss": "forward_kl", "reward_weight": 0.5}, True),
+        ({"loss": "forward_kl"}, False),  # the divergences read no sampled log-prob
+    ],
+)
+def test_a_loss_that_reads_the_sampled_log_probs_refuses_a_truncated_sampling(objective, refused):
+    """top_p < 1 samples from a truncated distribution whose log-probs the trainer, over
+    the whole vocabulary, cannot reproduce: refused where the loss divides by them."""
+    from pt_core.errors import ConfigError
+    from pt_train.config import TrainConfig
+    from pt_train.objectives import build_objective
+
+    cfg = TrainConfig.model_validate({
+        "run_name": "r", "model": {"init": {"tokenizer": "tok"}}, "training": {"max_steps": 1},
+        "objective": {"name": "opd", "teacher": {"path": "t/"}, **objective},
+        "reward": {"function": "m:f"} if "reward_weight" in objective else {},
+        "rollout": {"prompts": "p.jsonl", "samples_per_prompt": 2, "top_p": 0.9},
+    })  # fmt: skip
+    opd = build_objective(cfg.objective)
+    if not refused:
+        opd.configure(cfg)
+        assert opd.needs.logprobs_mode == "raw"
+        return
+    with pytest.raises(ConfigError, match=r"rollout.top_p=0.9 / top_k=0 truncate it"):
+        opd.configure(cfg)
+    untruncated = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"top_p": 1.0})})
+    opd.configure(untruncated)
+    assert opd.needs.logprobs_mode == "processed"  # O(y): the distribution sampled from

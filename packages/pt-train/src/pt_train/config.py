@@ -666,6 +666,14 @@ class TrainConfig(Section):
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
 
+    @property
+    def sampling_temperature(self) -> float:
+        """The temperature of the distribution the trained samples were drawn from, at
+        which the token head computes the policy's log-probs of them (and a teacher scores
+        them): the online loop's ``rollout.temperature``; 1 for everything else (rows,
+        pairs, and rollouts given as data, sampled at temperature 1)."""
+        return self.rollout.temperature if self.rollout.prompts is not None else 1.0
+
 
 def migrate(data: dict, *, warn: bool = True) -> dict:
     """Configs written before objectives were sections: ``training.loss: dft`` is

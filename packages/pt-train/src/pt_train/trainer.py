@@ -166,7 +166,7 @@ class Trainer:
             device=self.device,
             dtype=self.model_dtype,
             chunk_mb=cfg.training.logits_chunk_mb,
-            temperature=self.needs.temperature,
+            temperature=cfg.sampling_temperature,
             # a colocated engine shares the trainer's device: its weights are not copied to
             # the CPU on the way
             on_device=cfg.rollout.generator == "colocate",
@@ -507,7 +507,7 @@ class Trainer:
         request = HeadRequest(
             targets=batch.targets,
             chunk_mb=chunk_mb,
-            temperature=self.needs.temperature,
+            temperature=self.policy.temperature,
             row_lengths=self.row_lengths(batch),
             **self.objective.head(batch),
         )

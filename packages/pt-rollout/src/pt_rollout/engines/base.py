@@ -129,11 +129,12 @@ class Engine(ABC):
         *,
         top_k: int = 0,
         at_ids: Sequence[list[list[int]]] | None = None,
+        temperature: float = 1.0,
     ) -> list[TokenScores]:
         """The log-prob of every completion token given the prompt and the completion's
         prefix, with ``top_k > 0`` the k most likely tokens at each completion position,
         and with ``at_ids`` (per request, per completion position, a list of token ids)
-        the log-probs of those tokens there."""
+        the log-probs of those tokens there; all under ``softmax(logits / temperature)``."""
 
     @property
     @abstractmethod

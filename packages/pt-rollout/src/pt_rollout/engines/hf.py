@@ -277,8 +277,11 @@ class HFEngine(Engine):
         *,
         top_k: int = 0,
         at_ids: Sequence[list[list[int]]] | None = None,
+        temperature: float = 1.0,
     ) -> list[TokenScores]:
         assert len(prompt_token_ids) == len(completion_token_ids)
+        if temperature <= 0:
+            raise ValueError(f"scoring at temperature {temperature}: it must be > 0")
         for p in prompt_token_ids:
             if not p:
                 raise ValueError("cannot score a completion of an empty prompt")
@@ -310,12 +313,15 @@ class HFEngine(Engine):
                 [completion_token_ids[i] for i in batch],
                 top_k,
                 [at_ids[i] for i in batch] if at_ids is not None else None,
+                temperature,
             )
             for i, s in zip(batch, scores, strict=True):
                 results[i] = s
         return results  # type: ignore[return-value]
 
-    def _score_batch(self, prompts, completions, top_k: int, at_ids=None) -> list[TokenScores]:
+    def _score_batch(
+        self, prompts, completions, top_k: int, at_ids=None, temperature: float = 1.0
+    ) -> list[TokenScores]:
         import torch
 
         sequences = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
@@ -348,7 +354,10 @@ class HFEngine(Engine):
                     continue
                 # Completion token j sits at position width-n+j and is predicted by the
                 # logits at position width-n+j-1, i.e. kept index keep-1-n+j.
-                logp = torch.log_softmax(logits[row, keep - 1 - n : keep - 1].float(), dim=-1)
+                scaled = logits[row, keep - 1 - n : keep - 1].float()
+                if temperature != 1.0:
+                    scaled = scaled / temperature
+                logp = torch.log_softmax(scaled, dim=-1)
                 target = torch.tensor(completion, device=logp.device)[:, None]
                 scores = TokenScores(logp.gather(-1, target)[:, 0].tolist())
                 if top_k:

@@ -287,6 +287,7 @@ class VLLMEngine(Engine):
         *,
         top_k: int = 0,
         at_ids=None,
+        temperature: float = 1.0,
     ) -> list[TokenScores]:
         from vllm import SamplingParams as VSamplingParams  # pyright: ignore[reportMissingImports]
         from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports]
@@ -295,6 +296,11 @@ class VLLMEngine(Engine):
             raise ValueError(
                 "the vLLM engine returns the top-k of each position only, not the log-probs "
                 "of given tokens; score those with the HF engine (--engine hf)"
+            )
+        if temperature != 1.0:
+            raise ValueError(
+                f"the vLLM engine's prompt log-probs are at temperature 1, not {temperature}; "
+                "score at another temperature with the HF engine (--engine hf)"
             )
         if top_k > self._max_logprobs:
             raise ValueError(

@@ -142,6 +142,7 @@ class GeneratorServer:
                 at_ids=[c.topk_ids or [] for c in completions]
                 if score.get("at_student_topk")
                 else None,
+                temperature=score.get("temperature", 1.0),
             )
             reply["scores"] = [s.__dict__ for s in scores]
             reply["score_s"] = time.perf_counter() - start

@@ -33,11 +33,13 @@ from pt_train.logprobs import HeadOutput
 class TeacherScores:
     """What the online loop asks a teacher model for, for every sampled token: its
     log-prob of the token, and its ``top_k`` most likely tokens with their log-probs, or
-    its log-probs of the student's own top-k (``at_student_topk``)."""
+    its log-probs of the student's own top-k (``at_student_topk``), all under its
+    distribution at ``temperature`` (the one the student sampled at)."""
 
     path: str | None
     top_k: int = 0
     at_student_topk: bool = False
+    temperature: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,6 @@ class Needs:
     # Rollouts: which log-probs of the sampled tokens the generator records ("raw": the
     # model's distribution; "processed": the one sampled from, after temperature).
     logprobs_mode: Literal["raw", "processed"] = "raw"
-    # The temperature of the distribution the token head computes (the sampling one).
-    temperature: float = 1.0
     # Rollouts trained by several updates per round: the log-probs of the weights each
     # round starts from ("old_logps", computed by the online loop).
     old_logps: bool = False

@@ -379,7 +379,6 @@ class GRPO(Objective):
                 "completion_logprobs": "the generator records them",
             },
             logprobs_mode="processed",
-            temperature=rollout.temperature,
             old_logps=rollout.updates_per_round * rollout.epochs_per_round > 1,
             reward=True,
             regroup_tries=cfg.dynamic_sampling.max_tries if cfg.dynamic_sampling.enabled else 0,

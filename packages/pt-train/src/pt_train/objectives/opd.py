@@ -21,9 +21,18 @@ is refused at start, when it is set to anything but its default.
 
 Every loss is per completion token and the loss of a step is the mean over its completion
 tokens, as in SFT. Notation at one position: ``T`` the teacher's and ``S`` the student's
-next-token distribution (both at the sampling temperature), ``K`` the support, ``y`` the
-sampled token, ``O(y)`` its log-prob under the policy that sampled it (the rollout's
-``completion_logprobs``).
+next-token distribution, ``K`` the support, ``y`` the sampled token, ``O(y)`` its log-prob
+under the policy that sampled it (the rollout's ``completion_logprobs``).
+
+Temperature: in the online loop both distributions are taken at the temperature the
+student sampled at (``rollout.temperature``, read once by the trainer): S by the token
+head, T by the engine that scores (the HF engine; a generator process scores with it at a
+temperature other than 1, since vLLM's prompt log-probs are at temperature 1 only), and
+``O(y)`` is the log-prob of the distribution sampled from (the generator's processed
+log-probs), so that the ratio and the advantage compare like with like. A loss that reads
+``O(y)`` (pg_reverse_kl, a task reward) is refused with ``top_p`` < 1 or ``top_k`` > 0,
+which truncate what was sampled from. Rollouts given as data (piped from ``pt-rollout
+generate | pt-rollout score``) are trained at temperature 1: sample them at 1.
 
 Over a support (``teacher_topk``: the teacher's k most likely tokens, from
 ``pt-rollout score --top-k``; ``student_topk``: the student's k most likely at rollout,
@@ -333,10 +342,18 @@ class OPD(Objective):
         )
         return need
 
-    def declare(self) -> Needs:
+    def reads_sampled_logps(self) -> bool:
+        """Whether the loss reads ``log O(y)``, the sampled token's log-prob under the
+        distribution it was drawn from: pg_reverse_kl's ratio and advantage, the task
+        reward's ratio."""
+        return self.cfg.loss == "pg_reverse_kl" or self.cfg.reward_weight > 0
+
+    def declare(self, temperature: float = 1.0) -> Needs:
         """What the trainer and the online loop provide: the teacher's scores of every
-        round (its top-k, or its log-probs of the student's top-k), or, with ``support:
-        full``, the teacher in-process as the frozen model with its whole distribution."""
+        round (its top-k, or its log-probs of the student's top-k) at the sampling
+        ``temperature``, or, with ``support: full``, the teacher in-process as the frozen
+        model with its whole distribution; the sampled log-probs of the distribution
+        sampled from, where the loss reads them."""
         from pt_train.objectives.reference import ReferenceConfig
 
         cfg = self.cfg
@@ -348,11 +365,13 @@ class OPD(Objective):
             frozen_model=ReferenceConfig(path=cfg.teacher.path, dtype=cfg.teacher.dtype),
             frozen_as="teacher",
             columns=columns,
+            logprobs_mode="processed" if self.reads_sampled_logps() else "raw",
             student_top_k=cfg.teacher.top_k if cfg.support == "student_topk" else 0,
             teacher=TeacherScores(
                 path=cfg.teacher.path,
                 top_k=cfg.teacher.top_k if "teacher_topk_ids" in columns else 0,
                 at_student_topk="teacher_student_topk_logprobs" in columns,
+                temperature=temperature,
             ),
             reward=cfg.reward_weight > 0,
         )
@@ -370,9 +389,25 @@ class OPD(Objective):
             row["advantage"] = float(advantage)
 
     def configure(self, train_cfg) -> None:
-        """Declare the needs; on scored rollouts given as data, refuse a ``teacher.top_k``
-        wider than their lists now, from the first row, rather than at the first step."""
-        self.needs = self.declare()
+        """Declare the needs at the sampling temperature; refuse a truncated sampling where
+        the loss reads the sampled log-probs; on scored rollouts given as data, refuse a
+        ``teacher.top_k`` wider than their lists now, from the first row, rather than at
+        the first step."""
+        self.needs = self.declare(train_cfg.sampling_temperature)
+        rollout = train_cfg.rollout
+        if rollout.prompts is not None and rollout.truncated and self.reads_sampled_logps():
+            why = (
+                f"loss: {self.cfg.loss}" if self.cfg.loss == "pg_reverse_kl"
+                else f"reward_weight={self.cfg.reward_weight}"
+            )  # fmt: skip
+            raise ConfigError(
+                f"objective opd with {why} divides the policy's log-probs by those of the "
+                f"distribution the samples were drawn from; rollout.top_p={rollout.top_p} / "
+                f"top_k={rollout.top_k} truncate it, and the trainer's log-probs are over the "
+                "whole vocabulary",
+                hint="set rollout.top_p: 1.0 and rollout.top_k: 0 (temperature alone is "
+                "computed alike on both sides), or use a divergence loss",
+            )
         if self.cfg.reward_weight > 0:
             if train_cfg.rollout.prompts is None:
                 raise ConfigError(

@@ -70,11 +70,15 @@ class GeneratorContext:
 
 def score_request(needs) -> dict | None:
     """What the teacher must add to each round (its top-k, its log-probs at the student's
-    top-k), or None where the objective declares no teacher."""
+    top-k, at the sampling temperature), or None where the objective declares no teacher."""
     teacher = needs.teacher
     if teacher is None:
         return None
-    return {"top_k": teacher.top_k, "at_student_topk": teacher.at_student_topk}
+    return {
+        "top_k": teacher.top_k,
+        "at_student_topk": teacher.at_student_topk,
+        "temperature": teacher.temperature,
+    }
 
 
 class Generator(Protocol):

@@ -34,6 +34,7 @@ class InProcessTeacher:
                 at_ids=[c.topk_ids for c in completions]
                 if self.request["at_student_topk"]
                 else None,
+                temperature=self.request["temperature"],
             )
         return scores, time.perf_counter() - start
 

@@ -21,7 +21,7 @@ def wanted_spec(context, model: str) -> GeneratorSpec:
         model=model,
         engine=r.engine,
         teacher=teacher,
-        teacher_engine="hf" if teacher and score and score["at_student_topk"] else None,
+        teacher_engine="hf" if teacher and score and hf_teacher(score) else None,
         seed=r.seed,
         max_logprobs=context.max_logprobs,
         logprobs_mode=needs.logprobs_mode,
@@ -94,7 +94,7 @@ def misfits(context, index: int, info: dict, config: dict | None) -> list[tuple[
     if score and wanted.teacher is not None:
         names.append("teacher")
     differences = wanted.differences(info, names)
-    if score and score["at_student_topk"] and not any(d.name == "teacher" for d in differences):
+    if score and hf_teacher(score) and not any(d.name == "teacher" for d in differences):
         differences += wanted.differences(info, ["teacher_engine"])
     wrong = [(f"its {d.label} is {_shown(d.name, d.theirs)}, {_why(d, r, index)}", d.fix)
              for d in differences]  # fmt: skip
@@ -134,5 +134,13 @@ def _why(difference: Difference, r, index: int) -> str:
         "logprobs_mode": f"the objective reads {wanted}",
         "seed": f"rollout.seeding=engine wants rollout.seed + {index} = {wanted}",
         "teacher": f"objective.teacher.path is {difference.value}",
-        "teacher_engine": "the teacher's log-probs at the student's top-k need the HF engine",
+        "teacher_engine": "the teacher's log-probs at the student's top-k, or at a temperature "
+        "other than 1, need the HF engine",
     }[difference.name]
+
+
+def hf_teacher(score: dict) -> bool:
+    """Whether the teacher must score with the HF engine: vLLM gives neither the log-probs
+    of given tokens (the student's top-k) nor prompt log-probs at a temperature other
+    than 1."""
+    return bool(score["at_student_topk"]) or score.get("temperature", 1.0) != 1.0
