@@ -90,6 +90,12 @@ ANSWERS = [
     ("units", "5 \\text{ min}", "5 \\text{ hours}", False, "minutes are not hours"),
     ("units", "3", "3 \\text{ or more}", False, "at least three is not three"),
     ("units", "\\frac{270}7\\text{ degrees}", "\\frac{270}{7}^\\circ", True, "the word degrees and the degree sign"),
+    ("units", "4", "4 m/s^2", True, "a unit in plain text, metres per second squared, is dropped like a \\text unit"),
+    ("units", "60", "60 km/h", True, "kilometres per hour in plain text"),
+    ("units", "9.8", "9.8 m s^{-2}", True, "a plain-text unit with a negative power"),
+    ("units", "5", "4 m/s^2", False, "a plain-text unit does not hide a wrong number"),
+    ("units", "4 \\text{ m/s}", "4 km/h", False, "metres per second are not kilometres per hour"),
+    ("units", "4m^2", "4 m^2", True, "a letter with a power alone stays a variable: 4m^2 either way"),
     # ---------------------------------------------------------------- separators
     ("separators", "58,500", "58\\,500", True, "a thin space between groups of three digits"),
     ("separators", "58,500", "58\\ 500", True, "a LaTeX space between groups"),
@@ -146,6 +152,10 @@ ANSWERS = [
     ("equations", "25", "m+n=25", True, "the asked sum stated with its value"),
     ("equations", "25", "m+n=24", False, "the wrong sum"),
     ("equations", "120", "5 \\times 6 \\times 4 = 120", True, "a computation ending in its result"),
+    ("equations", "4", "5 = 4", False, "a false equation: its right side is not a result, 5 is not 4"),
+    ("equations", "120", "5 \\times 6 \\times 4 = 121", False, "a computation whose result is wrong is not credited with the gold"),
+    ("equations", "3.33", "\\frac{10}{3} = 3.33", True, "a computation rounded at the precision its result is written with"),
+    ("equations", "120", "2 \\text{ hours} = 120", True, "a quantity converted: the number after it is the result"),
     ("equations", "y = -2x", "2x + y = 0", True, "the line rearranged"),
     ("equations", "y = 2x + 3", "y - 3 = 2x", True, "the line rearranged"),
     ("equations", "M=\\frac{9}{32} \\sqrt{2}", "M = \\frac{9\\sqrt{2}}{32}", True, "a named value"),
@@ -380,6 +390,20 @@ RESPONSES = [
     ("prosename", "\\text{east}", "After the four turns the plane faces the same way.\nSo the plane is heading east.", True, "a direction in prose"),
     ("prosename", "\\text{ellipse}", "The coefficients of x^2 and y^2 have the same sign.\nTherefore the conic is an ellipse.", True, "a curve named in prose"),
     ("prosename", "\\text{ellipse}", "The coefficients of x^2 and y^2 have opposite signs.\nTherefore the conic is a hyperbola, not an ellipse.", False, "the name rejected"),
+    # ---------------------------------------------------------------- corrections: answers the text rejects or denies
+    ("corrections", "5", "The answer is 5 not 6.", True, "the sentence states 5 and rejects 6"),
+    ("corrections", "6", "The answer is 5 not 6.", False, "6 is the number rejected"),
+    ("corrections", "5", "The answer is \\boxed{5}, not \\boxed{6}.", True, "a box rejected after a comma is not the answer"),
+    ("corrections", "6", "The answer is \\boxed{5}, not \\boxed{6}.", False, "the rejected box"),
+    ("corrections", "12", "The answer is \\boxed{12}.\nChecking the other case, \\boxed{15} is not it.", True, "a later box the text denies is not the answer"),
+    ("corrections", "15", "The answer is \\boxed{12}.\nChecking the other case, \\boxed{15} is not it.", False, "the denied box"),
+    ("corrections", "15", "Trying the largest case, \\boxed{15} is not the answer.", False, "a response that denies its only box states no answer"),
+    ("corrections", "15", "The answer is \\boxed{15}, which is not prime.", True, "a property the answer lacks does not deny it"),
+    # ---------------------------------------------------------------- one answer boxed twice
+    ("repeatedbox", "5", "The answer is $\\boxed{5}$, $\\boxed{5}$.", True, "the same answer boxed twice is one answer, not a list of two"),
+    ("repeatedbox", "5", "Both methods give \\boxed{5} and \\boxed{5}.", True, "the same box joined by and"),
+    ("repeatedbox", "5", "The roots are \\boxed{5} and \\boxed{6}.", False, "two different boxes are a list of two answers"),
+    ("repeatedbox", "5, 6", "The roots are \\boxed{5} and \\boxed{6}.", True, "the list of both roots"),
 ]
 
 TOLERANT = [

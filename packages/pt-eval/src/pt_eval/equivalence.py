@@ -170,7 +170,7 @@ def values_equal(g, p, ctx: _Context | None = None) -> bool:
     if isinstance(g, Relation):
         return any(values_equal(form, p, ctx) for form in _gold_forms(g))
     if isinstance(p, Relation):
-        return any(values_equal(g, form, ctx) for form in _pred_forms(p))
+        return any(values_equal(g, form, ctx) for form in _pred_forms(p, ctx))
 
     if isinstance(g, Choice) or isinstance(p, Choice):
         return _choice_equal(g, p, ctx)
@@ -448,16 +448,22 @@ def _gold_forms(rel: Relation) -> list:
     return forms
 
 
-def _pred_forms(rel: Relation) -> list:
+def _pred_forms(rel: Relation, ctx: _Context) -> list:
     """A predicted relation against a gold value: also ``5 \\times 6 \\times 4 = 120``
-    (a computation ending in its result) and ``m + n = 25`` (the asked sum, stated)."""
+    (a computation ending in its result), ``2 \\text{ h} = 120`` (a quantity converted) and
+    ``m + n = 25`` (the asked sum, stated). A computation without a unit must be right to
+    state a result: ``5 = 4`` is false, and says nothing about 4."""
     forms = _gold_forms(rel)
     if rel.ops == ("=",) and all(isinstance(x, Scalar) for x in rel.parts):
         left, right = rel.parts[0].expr, rel.parts[1].expr
-        if not right.free_symbols and (
-            not left.free_symbols
-            or (isinstance(left, sympy.Add) and all(isinstance(a, sympy.Symbol) for a in left.args))
-        ):
+        if right.free_symbols:
+            return forms
+        if not left.free_symbols:
+            converted = rel.parts[0].unit is not None or rel.parts[0].unit_word is not None
+            # the result judged as a gold would judge it: 10/3 = 3.33 at the precision written
+            if converted or values_equal(rel.parts[1], rel.parts[0], ctx):
+                forms.append(rel.parts[1])
+        elif isinstance(left, sympy.Add) and all(isinstance(a, sympy.Symbol) for a in left.args):
             forms.append(rel.parts[1])
     return forms
 

@@ -5,7 +5,9 @@ several boxes joined by "and", "or" or commas, as in ``x=\\boxed{1}`` or
 ``x=\\boxed{5}``), "the final answer is X", "the answer is therefore X", "Answer: X",
 GSM8K's ``#### X``, a "Final Answer" heading, and the usual markers in Chinese, Japanese,
 Russian, Spanish, German and French. A later statement replaces an earlier one, so a
-retracted answer is not taken. A ``%`` or degree sign right after a box belongs to the answer.
+retracted answer is not taken, nor a box the text rejects (``\\boxed{5}, not \\boxed{6}``)
+or denies (``\\boxed{15} is not it``). A ``%`` or degree sign right after a box belongs to
+the answer.
 
 When a response states nothing, a short response that is itself an answer (``\\frac12``,
 ``Evelyn``) is taken; a finished response is then searched for its last math span
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import re
 
-from pt_eval.normalize import undouble_escapes
+from pt_eval.normalize import squash, undouble_escapes
 
 SHORT_ANSWER_CHARS = 120
 STATEMENT_WINDOW = 600  # characters after "the answer is" that may hold the answer
@@ -82,7 +84,7 @@ _LEADING_SPANS = re.compile(
 )
 _HEAD_SPLIT = re.compile(
     r",\s+(?=(?:which|so|since|because|as|where|but|the|this|that|we|it|i\.e\.|namely|hence|"
-    r"thus|therefore|giving|given|not)\b)|\s+(?:because|since|as it|where|rather than|instead of)\s+"
+    r"thus|therefore|giving|given|not)\b)|\s+(?:because|since|as it|where|rather than|instead of|not)\s+"
     r"|\s*\((?=\s*(?:not|rather than|instead of)\b)",
     re.IGNORECASE,
 )
@@ -151,7 +153,7 @@ def extract_with_source(
     final = final_text(text)
     if final is None:
         return None, None
-    text = final
+    text = blank_denied_boxes(final)
     think_open = "<think>" in text and "</think>" not in text
     if think_open:
         truncated = True  # still thinking when it stopped
@@ -376,13 +378,18 @@ def box_group_answer(text: str, boxes: list[tuple[int, int, str]]) -> str:
         if not _joins(text[previous[1] : group[0][0]]):
             break
         group.insert(0, previous)
-    answer = ", ".join(_box_content(_unbox(content)) for _, _, content in group)
+    contents: dict[str, str] = {}  # one answer boxed twice is one answer, not a list of two
+    for _, _, content in group:
+        content = _box_content(_unbox(content))
+        contents.setdefault(squash(content), content)
+    answer = ", ".join(contents.values())
+    single = len(contents) == 1
     after = _AFTER_BOX.match(text, boxes[-1][1])
-    if after is not None and len(group) == 1:
+    if after is not None and single:
         mark = after.group(1)
         answer += "\\%" if "%" in mark else "^\\circ"
     unit = _UNIT_AFTER_BOX.match(text, boxes[-1][1])
-    if unit is not None and len(group) == 1 and after is None:
+    if unit is not None and single and after is None:
         words = unit.group(1).split()
         if len(words) <= 2 and not any(w.lower() in _NOT_A_UNIT for w in words):
             # \boxed{5}\text{ cm}: the unit counts
@@ -393,9 +400,32 @@ def box_group_answer(text: str, boxes: list[tuple[int, int, str]]) -> str:
 _TEXT_LEAD = re.compile(r"\\(?:text|textbf|textrm|textit|mbox)\s*\{([^{}]*)\}\s*")
 _YES_NO = re.compile(r"(yes|no)\b\s*[,.;:!\-–—]", re.IGNORECASE)
 _REJECTION = re.compile(
-    r"[\s$(\[]*(?:\\\(|\\\[)?[\s$(]*(?:not|rather than|instead of|but not|and not)\b[^.\n]{0,20}\Z",
+    r"[\s$(\[,;]*(?:\\\(|\\\[)?[\s$(]*(?:not|rather than|instead of|but not|and not)\b[^.\n]{0,20}\Z",
     re.IGNORECASE,
 )
+
+
+# "\\boxed{15} is not it", "\\boxed{15} is wrong": the text denies the box it just wrote
+_DENIED = re.compile(
+    r"[ \t$)\]]*(?:\\[)\]])?[ \t$]*(?:"
+    r"(?:is|was)(?:[ \t]+not|n't)[ \t]+(?:it|right|correct|valid|possible"
+    r"|the[ \t]+(?:(?:right|correct|final)[ \t]+)?answer)"
+    r"|(?:is|was)[ \t]+(?:wrong|incorrect|invalid)"
+    r"|(?:does[ \t]+not|doesn't)[ \t]+work"
+    r")(?![A-Za-z])",
+    re.IGNORECASE,
+)
+
+
+def blank_denied_boxes(text: str) -> str:
+    """``text`` with every box that the words right after it deny (``\\boxed{15} is not
+    it``) blanked out (the same length), so that neither a statement nor a fallback takes it."""
+    pieces, last = [], 0
+    for start, end, _ in find_boxes(text):
+        if _DENIED.match(text, end):
+            pieces += [text[last:start], " " * (end - start)]
+            last = end
+    return "".join(pieces) + text[last:] if pieces else text
 
 
 def _box_content(content: str) -> str:

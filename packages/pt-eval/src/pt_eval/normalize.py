@@ -171,6 +171,16 @@ def _join_unit_pieces(m: re.Match) -> str:
     return " \\text{ " + "".join(out) + "}"
 
 
+# a unit in plain text at the end, after a number: unit symbols joined by "/", "\cdot" or a
+# space (4 m/s^2, 60 km/h, 9.8 m s^{-2}) read as one \text{} unit; one symbol alone (4 m,
+# 4 m^2) stays a variable
+_UNIT_SYMBOL = (
+    r"(?:km|cm|mm|nm|m|kg|mg|g|ms|s|min|h|hr|mL|ml|L|kN|N|kJ|J|kW|W|kPa|Pa|kHz|Hz|mol|eV|"
+    r"V|A|K|C|ft|mi|lb|rad)(?![A-Za-z])(?:\^\s*(?:\{\s*-?\d+\s*\}|-?\d))?"
+)
+_PLAIN_UNIT = re.compile(
+    rf"(?<=\d)[ \t]+({_UNIT_SYMBOL}(?:\s*(?:/|\\cdot|[ \t])\s*{_UNIT_SYMBOL})+)[ \t]*\Z"
+)
 # 10{,}000 and 10,\!000: explicit thousands separators, joined wherever they are
 _EXPLICIT_THOUSANDS = re.compile(r"(?<=\d)\s*(?:\{\s*,\s*\}|,\\!\s*|,\\,\s*)(?=\d{3}(?!\d))")
 # 10\,000, 10\ 000, 10 000 (and thin spaces): a space between groups of three digits
@@ -294,6 +304,8 @@ def clean(text: str) -> str:
         s = _EMPTY_TEXT.sub("", _SCALED.sub(_scaled, s))
     if "}" in s and ("/" in s or "\\cdot" in s or s.count("{") > 1):
         s = _UNIT_RUN.sub(_join_unit_pieces, s)
+    if " " in s:
+        s = _PLAIN_UNIT.sub(lambda m: " \\text{ " + m.group(1) + "}", s)
     s = s.replace("~", " ").replace("\\%", "%")
     if "." in s:
         s = _REPEATING.sub(_repeating, s)
