@@ -59,9 +59,20 @@ QWEN25_VOCAB_SIZE = 151936
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
 # ChatML as a Qwen2.5 checkpoint ships it (written here): a default system turn when the
-# conversation has none, tool calls in <tool_call> tags, tool outputs as user turns.
+# conversation has none, the tools listed in the system turn, tool calls in <tool_call>
+# tags, tool outputs as user turns.
 QWEN_CHATML = (
-    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+    "{%- else %}{{- '" + DEFAULT_SYSTEM + "' }}{%- endif %}"
+    "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query."
+    "\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": '
+    '<function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
+    "{%- elif messages[0]['role'] == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
     "{%- else %}"
     "{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}"

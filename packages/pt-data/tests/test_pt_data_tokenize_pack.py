@@ -164,10 +164,12 @@ def test_generation_markers_are_accepted_and_syntax_errors_are_config_errors(tin
     from pt_core.errors import ConfigError
 
     marked = tiny_tokenizer.chat_template.replace(
-        "{{ '<|im_start|>' + message['role']",
-        "{%- generation -%}{{ '<|im_start|>' + message['role']",
-    ).replace("{% endfor %}", "{%- endgeneration -%}{% endfor %}")
-    assert "generation" in marked
+        "{% else %}{{ '<|im_start|>' + message['role']",
+        "{% else %}{%- generation -%}{{ '<|im_start|>' + message['role']",
+    ).replace(
+        "{{ '<|im_end|>\\n' }}{% endif %}", "{{ '<|im_end|>\\n' }}{%- endgeneration -%}{% endif %}"
+    )
+    assert "{%- generation -%}" in marked and "{%- endgeneration -%}" in marked
     own = tokenize_conversation(tiny_tokenizer, CONVO)
     assert tokenize_conversation(tiny_tokenizer, CONVO, chat_template=marked) == own
     with pytest.raises(ConfigError, match="line 1"):

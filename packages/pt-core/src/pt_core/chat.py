@@ -24,11 +24,38 @@ from pt_core.log import get_logger
 
 log = get_logger(__name__)
 
-# ChatML with one BOS at the start (the BOS is omitted by tokenizers that have none).
+# ChatML with one BOS at the start (the BOS is omitted by tokenizers that have none). Tool
+# use as Qwen2.5's ChatML writes it (and vLLM's hermes tool parser reads it): the tools in a
+# system turn (after the conversation's own system text), each call of an assistant turn in
+# <tool_call> tags as {"name": ..., "arguments": {...}}, a tool's output as a user turn in
+# <tool_response> tags. A conversation without tools renders as plain ChatML.
 CHATML = (
     "{% if bos_token %}{{ bos_token }}{% endif %}"
+    "{% if tools %}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}"
+    "{{ '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{% for tool in tools %}{{ '\\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\\n</tools>\\n\\nFor each function call, return a json object with function name "
+    'and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": '
+    '<function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
+    "{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + message['content'] "
+    "+ '\\n</tool_response><|im_end|>\\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{% set function = call['function'] if call['function'] is defined else call %}"
+    "{% if message['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ '<tool_call>\\n{\"name\": \"' + function['name'] + '\", \"arguments\": ' "
+    "+ (function['arguments'] | tojson) + '}\\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )

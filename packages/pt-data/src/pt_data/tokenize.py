@@ -52,6 +52,10 @@ class NoTrainableTokens(InputError):
 
 # Message keys that chat templates read besides role and content (tool use).
 TOOL_KEYS = ("tool_calls", "tool_call_id", "name")
+TOOL_USE_HINT = (
+    "use a template that renders tool calls, tools and tool turns, e.g. chatml (pt-data: "
+    "data.tokenizer.chat_template; pt-train: data.chat_template)"
+)
 
 
 def text_of_parts(parts: list, where: str) -> str:
@@ -221,6 +225,7 @@ class ConversationTokenizer:
             if self.train_on == "last":
                 targets = targets[-1:]
         spans: list[tuple[int, int]] = []
+        turns: dict[int, str] = {}  # the rendered text of target turns, by message index
         cursor = 0
         for i in targets:
             if i == 0:  # starts with the assistant: many templates cannot render zero messages
@@ -231,14 +236,49 @@ class ConversationTokenizer:
             through = full if i == len(messages) - 1 else render(messages[: i + 1])
             if full.startswith(through) and through.startswith(before) and len(before) >= cursor:
                 start, end = len(before), len(through)
-                text = full[start:end]
+                text = turns[i] = full[start:end]
                 end = start + len(text.rstrip())
             else:
                 start, end = self._locate(full, messages[i]["content"], cursor, i)
             if end > start:
                 spans.append((start, end))
             cursor = max(cursor, end)
+        if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+            self._check_tool_use(messages, tools, full, turns)
         return full, spans
+
+    def _check_tool_use(
+        self, messages: list[dict], tools: list[dict] | None, full: str, turns: dict[int, str]
+    ) -> None:
+        """A template that drops tool calls would train an empty reply for every call (the
+        end-of-turn token alone); one that drops the tools or the tools' outputs trains a
+        model that never saw them. Each is refused: the rows are right, the template is not."""
+        for i, message in enumerate(messages):
+            if message["role"] == "tool" and message["content"].strip() not in full:
+                raise InputError(
+                    f"the chat template does not render tool message {i}", hint=TOOL_USE_HINT
+                )
+            if message["role"] != "assistant" or not message.get("tool_calls"):
+                continue
+            if i in turns:
+                turn = turns[i]
+            else:  # not trained (train_on: last), or a template that rewrites earlier turns
+                through = self.renderer.render(messages[: i + 1], tools=tools)
+                before = self.renderer.render(messages[:i], True, tools=tools) if i else ""
+                turn = through[len(before) :] if through.startswith(before) else through
+            names = [call["function"]["name"] for call in message["tool_calls"]]
+            if not all(name in turn for name in names):
+                raise InputError(
+                    f"the chat template does not render the tool calls of assistant message "
+                    f"{i} ({', '.join(names)}): their turn would train an empty reply",
+                    hint=TOOL_USE_HINT,
+                )
+        if tools and self.renderer.render(messages) == full:
+            raise InputError(
+                "the chat template renders the conversation the same with and without the "
+                "row's tools: it drops them",
+                hint=TOOL_USE_HINT,
+            )
 
     def _locate(self, full: str, content: str, cursor: int, index: int) -> tuple[int, int]:
         """Fallback for templates that rewrite earlier turns (so renderings are not

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from pt_core.chat import CHATML
+
 BOS = "<|begin_of_text|>"
 EOS = "<|end_of_text|>"
 IM_START = "<|im_start|>"
@@ -17,14 +19,6 @@ IM_END = "<|im_end|>"
 PAD = "<|pad|>"
 SPECIAL_TOKENS = [BOS, EOS, IM_START, IM_END, PAD]
 
-# ChatML with one BOS at the start of the conversation.
-CHATML_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 
 _DEFAULT_CORPUS = (
     "The quick brown fox jumps over the lazy dog. Please reason step by step, and put your "
@@ -79,7 +73,7 @@ def build_tokenizer(
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
     )
-    hf.chat_template = CHATML_TEMPLATE
+    hf.chat_template = CHATML  # one BOS at the start; tool calls and tool turns rendered
     if out_dir is not None:
         hf.save_pretrained(str(out_dir))
     return hf
