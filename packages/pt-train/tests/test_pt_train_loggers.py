@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import pytest
 import yaml
@@ -186,3 +187,97 @@ def test_tensorboard_writes_eval_metrics_under_eval(tmp_path):
     tags = set(events.Tags()["scalars"])
     assert {"train/loss", "train/lr", "eval/loss", "eval/rewards_margin"} == tags
     assert [(e.step, e.value) for e in events.Scalars("eval/loss")] == [(2, 2.25)]
+
+
+def token_rows(path, n: int = 8):
+    with open(path, "w") as fh:
+        for i in range(n):
+            ids = [5 + (i * 7 + j) % 250 for j in range(10 + i % 4)]
+            fh.write(json.dumps({"input_ids": ids, "labels": ids}) + "\n")
+    return path
+
+
+@pytest.fixture
+def clean_logger_environment(monkeypatch):
+    """No MLFLOW_* or WANDB_* variable, as on a user's machine that never set one (MLflow 3
+    keeps its file store behind MLFLOW_ALLOW_FILE_STORE, and its default store, a sqlite
+    database, needs the full mlflow package, not the mlflow-skinny pt-train[mlflow] pulls)."""
+    for name in list(os.environ):
+        if name.startswith(("MLFLOW_", "WANDB_")):
+            monkeypatch.delenv(name)
+
+
+def mlflow_losses(store, monkeypatch) -> list[tuple[int, float]]:
+    """The train/loss history of the one run in the MLflow file store ``store``."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # this test reads the store
+    client = MlflowClient(tracking_uri=store.as_uri())
+    (experiment,) = [e for e in client.search_experiments() if e.name == "pt"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    return [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["default", "file"])
+def test_the_loggers_as_the_docs_show_them_run_in_a_clean_environment(
+    tmp_path, tiny_run_config, cli, monkeypatch, clean_logger_environment, store
+):
+    """`logging: {tensorboard: true, wandb: true, mlflow: true}` with MLflow's store left
+    unset (pt's default: a file store <output_dir>/mlruns) or given as a file: URI: the run
+    ends and every logger holds the step's loss."""
+    for module in ("tensorboard", "wandb", "mlflow"):
+        pytest.importorskip(module)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = tiny_run_config(
+        tmp_path / "runs", token_rows(tmp_path / "rows.jsonl"), {"name": "sft"}
+    )
+    config["logging"] = {"tensorboard": True, "wandb": True, "mlflow": True}
+    mlruns = tmp_path / "runs" / "mlruns"
+    if store == "file":
+        mlruns = tmp_path / "tracking"
+        config["logging"]["mlflow_tracking_uri"] = mlruns.as_uri()
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    cli("pt-train", "check", tmp_path / "train.yaml", cwd=tmp_path)
+    cli("pt-train", "run", tmp_path / "train.yaml", cwd=tmp_path)
+
+    run_dir = tmp_path / "runs" / "run"
+    (record,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
+        (1, pytest.approx(record["loss"]))
+    ]
+    assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1
+    assert mlflow_losses(mlruns, monkeypatch) == [(1, pytest.approx(record["loss"]))]
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("sqlalchemy") is not None,
+    reason="sqlalchemy is installed: MLflow's database stores can be opened here",
+)
+@pytest.mark.parametrize("where", ["key", "environment"])
+def test_a_database_store_mlflow_cannot_open_is_refused_by_check(
+    tmp_path, tiny_run_config, pt_train_in_process, monkeypatch, clean_logger_environment, where
+):
+    """mlflow-skinny has no sqlalchemy, which MLflow's sqlite/postgresql/mysql stores need:
+    `pt-train check` refuses such a store, saying where it was set, instead of a run that
+    fails after the model loads."""
+    config = tiny_run_config(tmp_path / "runs", tmp_path / "no-such-data", {"name": "sft"})
+    config["logging"] = {"mlflow": True}
+    uri = "sqlite:///mlflow.db"
+    if where == "key":
+        config["logging"]["mlflow_tracking_uri"] = uri
+        named = f"logging.mlflow_tracking_uri={uri}"
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        named = f"MLFLOW_TRACKING_URI={uri}"
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    code, _, err = pt_train_in_process("check", tmp_path / "train.yaml")
+    err = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err, err
+    assert f"{named} is a database store, which needs the sqlalchemy package" in err
+    assert "fix: pip install mlflow (the full package), or set logging.mlflow_tracking_uri" in err
+    assert not (tmp_path / "runs").exists()

@@ -33,6 +33,13 @@ class PtError(Exception):
         super().__init__(message if hint is None else f"{message}\n  fix: {hint}")
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of a library's exception message (its name when it has none): what
+    a one-line error quotes of it."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 class ConfigError(PtError):
     """A config file or override that does not fit the schema."""
 

@@ -511,6 +511,10 @@ class LauncherConfig(Section):
     master_port: int | None = None
 
 
+# MLflow's stores in a database, which it opens through sqlalchemy (sqlite:///mlflow.db is
+# MLflow 3's own default).
+MLFLOW_DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+
 # The package each logger needs: (key, module to import, pip name).
 LOGGER_PACKAGES = (
     ("tensorboard", "tensorboard", "tensorboard"),
@@ -528,7 +532,8 @@ class LoggingConfig(Section):
     # None: the WANDB_MODE environment variable where set, else offline.
     wandb_mode: Literal["offline", "online", "disabled"] | None = None
     mlflow: bool = False
-    # None: the MLFLOW_TRACKING_URI environment variable where set, else MLflow's default.
+    # None: the MLFLOW_TRACKING_URI environment variable where set, else a file store
+    # <output_dir>/mlruns (see pt_train.metrics.mlflow_tracking_uri).
     mlflow_tracking_uri: str | None = None
     mlflow_experiment: str = "pt"
 
@@ -536,6 +541,7 @@ class LoggingConfig(Section):
     def _loggers_installed(self):
         """Checked with the config, before any data is read or model loaded."""
         import importlib.util
+        import os
 
         for key, module, package in LOGGER_PACKAGES:
             if getattr(self, key) and importlib.util.find_spec(module) is None:
@@ -543,6 +549,21 @@ class LoggingConfig(Section):
                     f"logging.{key} is on but the {package} package is not installed"
                     f"\n  fix: pip install {package}, or set logging.{key}=false"
                 )
+        if not self.mlflow:
+            return self
+        if self.mlflow_tracking_uri is not None:
+            uri, named = self.mlflow_tracking_uri, "logging.mlflow_tracking_uri"
+        else:
+            uri, named = os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI"
+        scheme = (uri or "").partition(":")[0].split("+")[0].lower()
+        if scheme in MLFLOW_DATABASE_SCHEMES and importlib.util.find_spec("sqlalchemy") is None:
+            raise ValueError(
+                f"{named}={uri} is a database store, which needs the sqlalchemy package "
+                "(mlflow-skinny, what pt-train[mlflow] installs, has none)"
+                "\n  fix: pip install mlflow (the full package), or set "
+                "logging.mlflow_tracking_uri to a tracking server (http://HOST:5000) or a file "
+                "store (file:///PATH), or leave it unset for <output_dir>/mlruns"
+            )
         return self
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from pt_core.errors import ConfigError
+from pt_core.errors import ConfigError, first_line
 from pt_core.log import get_logger
 from pt_train.logprobs import TokenHead, decoder_and_head, install_token_head
 
@@ -81,7 +81,7 @@ def apply_lora(model, lora_cfg, *, seed: int):
             ) from None
         except ValueError as exc:  # e.g. a module type that LoRA does not support
             raise ConfigError(
-                f"model.lora.target_modules={targets!r}: {_first_line(exc)}",
+                f"model.lora.target_modules={targets!r}: {first_line(exc)}",
                 hint=f"name linear layers of {type(model).__name__}: {', '.join(names)}",
             ) from None
     _check_targets(peft_model, targets, names)
@@ -98,10 +98,6 @@ def apply_lora(model, lora_cfg, *, seed: int):
         100.0 * trained / total,
     )
     return peft_model
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0]
 
 
 def linear_names(model) -> list[str]:

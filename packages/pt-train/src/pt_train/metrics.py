@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import resource
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
-from pt_core.errors import InputError
+from pt_core.errors import InputError, RunFailure, first_line
 from pt_core.files import atomic_write_text
 from pt_core.log import get_logger
 
@@ -164,21 +166,41 @@ def _start_wandb(run_dir: Path, logging_cfg: LoggingConfig):
 MLFLOW_ID_FILE = "mlflow_run_id"
 
 
+def mlflow_tracking_uri(run_dir: Path, logging_cfg: LoggingConfig) -> str:
+    """Where MLflow logs: ``logging.mlflow_tracking_uri``, else MLFLOW_TRACKING_URI, else a
+    file store beside the runs, ``<output_dir>/mlruns``. (MLflow 3's own default is a sqlite
+    database, which mlflow-skinny cannot open: it has no sqlalchemy.)"""
+    uri = logging_cfg.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    return uri or (Path(run_dir).resolve().parent / "mlruns").as_uri()
+
+
 def _start_mlflow(run_dir: Path, logging_cfg: LoggingConfig):
     """An MLflow run for ``run_dir`` in ``logging.mlflow_experiment``; a resumed run goes on
     with the run id stored in ``<run_dir>/mlflow_run_id``. The resolved config is logged as
     the run's parameters (dotted keys), once. Returns the ``mlflow`` module, whose active
     run is this one."""
     import mlflow
+    from mlflow.exceptions import MlflowException
 
-    if logging_cfg.mlflow_tracking_uri is not None:
-        mlflow.set_tracking_uri(logging_cfg.mlflow_tracking_uri)
+    uri = mlflow_tracking_uri(run_dir, logging_cfg)
+    if urlparse(uri).scheme in ("", "file"):
+        # MLflow 3 opens its file store only with this opt-in; the store is the one the
+        # config asks for (a file: URI or a path), or pt's default
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    mlflow.set_tracking_uri(uri)
     stored = Path(run_dir) / MLFLOW_ID_FILE
-    if stored.is_file():
-        mlflow.start_run(run_id=stored.read_text(encoding="utf-8").strip())
-        return mlflow
-    mlflow.set_experiment(logging_cfg.mlflow_experiment)
-    run = mlflow.start_run(run_name=Path(run_dir).name)
+    try:
+        if stored.is_file():
+            mlflow.start_run(run_id=stored.read_text(encoding="utf-8").strip())
+            return mlflow
+        mlflow.set_experiment(logging_cfg.mlflow_experiment)
+        run = mlflow.start_run(run_name=Path(run_dir).name)
+    except MlflowException as exc:
+        raise RunFailure(
+            f"MLflow cannot start a run in {uri} (logging.mlflow): {first_line(exc)}",
+            hint="check logging.mlflow_tracking_uri (or MLFLOW_TRACKING_URI), or set "
+            "logging.mlflow=false",
+        ) from None
     atomic_write_text(stored, run.info.run_id + "\n")
     mlflow.log_params(flat_params(resolved_config(run_dir)))
     return mlflow
