@@ -83,8 +83,8 @@ def test_equal_token_mean_log_probs_give_an_odds_ratio_term_of_beta_log_2(beta):
     1.5 + beta log 2 (the summed log-probs differ; only the token means count)."""
     total, _, metrics = orpo_loss(f64(-3.0), f64(-6.0), f64(2), f64(4), beta=beta)
     assert total.item() == pytest.approx(1.5 + beta * math.log(2), rel=1e-12)
-    assert metrics["log_odds_ratio"][0].item() == 0.0
-    assert metrics["log_odds_chosen"][0].item() == pytest.approx(-math.log(2), rel=1e-12)
+    assert metrics["log_odds_chosen"][0].item() == 0.0
+    assert metrics["log_odds_ratio"][0].item() == pytest.approx(-math.log(2), rel=1e-12)
 
 
 def test_the_same_completion_as_chosen_and_rejected_costs_its_nll_plus_beta_log_2():
@@ -122,7 +122,28 @@ def test_logged_metrics_are_the_documented_means():
     assert mean("logps/rejected") == pytest.approx(-4.0)
     p_c, p_r = torch.exp(a_c), torch.exp(a_r)
     ratio = torch.log(p_c / (1 - p_c)) - torch.log(p_r / (1 - p_r))
-    assert mean("log_odds_ratio") == pytest.approx(ratio.mean().item())
+    assert mean("log_odds_chosen") == pytest.approx(ratio.mean().item())
+
+
+def test_log_odds_metrics_hold_what_trls_metrics_of_the_same_names_hold():
+    """TRL's ORPOTrainer (trl/experimental/orpo/orpo_trainer.py, odds_ratio_loss, here
+    written out) logs ``log_odds_chosen`` = the mean log odds ratio
+    ``(a_c - a_r) - (log(1 - e^a_c) - log(1 - e^a_r))`` and ``log_odds_ratio`` = the mean of
+    its log-sigmoid (the odds-ratio term before beta): a run compared with a TRL run
+    compares the same curves."""
+    s_c, s_r, n_c, n_r = f64(-2.0, -9.0), f64(-6.0, -2.0), f64(2, 3), f64(3, 1)
+    a_c, a_r = s_c / n_c, s_r / n_r
+    log_odds = (a_c - a_r) - (torch.log1p(-torch.exp(a_c)) - torch.log1p(-torch.exp(a_r)))
+    _, _, metrics = orpo_loss(s_c, s_r, n_c, n_r, beta=0.5)
+
+    def mean(name):
+        total, count = metrics[name]
+        return float(total) / count
+
+    assert mean("log_odds_chosen") == pytest.approx(log_odds.mean().item(), rel=1e-12)
+    assert mean("log_odds_ratio") == pytest.approx(
+        torch.nn.functional.logsigmoid(log_odds).mean().item(), rel=1e-12
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -289,7 +310,8 @@ LOSS_TOLERANCE = {"abs": 1e-5, "rel": 1e-5}
 @pytest.mark.parametrize("beta", [0.1, 2.0])
 def test_step_one_loss_matches_the_paper(tmp_path, tiny_run_config, pairs_file, logps, beta):
     """lr 0: the logged step-1 loss is the mean over the 8 pairs of Eq. 2 + beta Eq. 7 on
-    the independent log-probs, and the logged NLL and log odds ratio are its parts."""
+    the independent log-probs, and the logged NLL and log odds ratio (log_odds_chosen, as
+    TRL names it) are its parts."""
     cfg = orpo_config(tiny_run_config, tmp_path, pairs_file, {"beta": beta})
     (record,) = run_metrics(cfg)
     pi, n = logps["policy"], logps["n"]
@@ -298,7 +320,7 @@ def test_step_one_loss_matches_the_paper(tmp_path, tiny_run_config, pairs_file, 
     assert record["nll"] == pytest.approx((-pi[:, 0] / n[:, 0]).mean().item(), **LOSS_TOLERANCE)
     p = torch.exp(pi / n)
     ratio = torch.log(p[:, 0] / (1 - p[:, 0])) - torch.log(p[:, 1] / (1 - p[:, 1]))
-    assert record["log_odds_ratio"] == pytest.approx(ratio.mean().item(), abs=1e-5)
+    assert record["log_odds_chosen"] == pytest.approx(ratio.mean().item(), abs=1e-5)
     # the odds-ratio term is visible at this tolerance: the pairs' ratios are far from 0
     assert ratio.abs().max() > 0.05
 

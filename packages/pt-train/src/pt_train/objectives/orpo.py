@@ -16,10 +16,11 @@ odds-ratio loss (Eq. 6-7). The loss of a step is the mean over its pairs. When t
 gives both completions the same token-mean log-prob (e.g. the same completion), the
 odds-ratio term is ``beta log 2``.
 
-Metrics (means over the step's pairs): ``nll`` (``-a_c``), ``log_odds_ratio``,
-``log_odds_chosen`` (``log s`` of the log odds ratio), ``rewards/chosen`` ``beta a_c``,
-``rewards/rejected`` ``beta a_r``, ``rewards/margins``, ``rewards/accuracies``,
-``logps/chosen``, ``logps/rejected`` (summed log-probs).
+Metrics (means over the step's pairs), under TRL's names for TRL's quantities: ``nll``
+(``-a_c``), ``log_odds_chosen`` (the log odds ratio ``log odds(y_c) - log odds(y_r)``),
+``log_odds_ratio`` (its ``log s``, the odds-ratio term before beta), ``rewards/chosen``
+``beta a_c``, ``rewards/rejected`` ``beta a_r``, ``rewards/margins``,
+``rewards/accuracies``, ``logps/chosen``, ``logps/rejected`` (summed log-probs).
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ def orpo_loss(
     per_pair = -a_c - beta * odds_term
     metrics = {
         "nll": mean_metric(-a_c),
-        "log_odds_ratio": mean_metric(ratio),
-        "log_odds_chosen": mean_metric(odds_term),
+        # TRL's names: log_odds_chosen is the log odds ratio, log_odds_ratio its log s
+        "log_odds_chosen": mean_metric(ratio),
+        "log_odds_ratio": mean_metric(odds_term),
         **preference_metrics(beta * a_c, beta * a_r, policy_chosen, policy_rejected),
     }
     return per_pair.sum(), float(policy_chosen.numel()), metrics
