@@ -237,6 +237,11 @@ def reference_sections(world: Path, objective: str) -> dict:
             "objective": {"name": "dpo", "beta": 0.5},
             "data": {"path": str(world / "pairs.jsonl")},
         }
+    if objective in ("kto", "orpo"):
+        return {
+            "objective": {"name": objective, "beta": 0.5},
+            "data": {"path": str(world / "pairs.jsonl")},
+        }
     if objective == "asft":
         return {"objective": {"name": "asft", "kl_coef": 1.0}}
     # GRPO on the online loop, generating in-process with the adapted policy; a reward the
@@ -255,15 +260,18 @@ def reference_sections(world: Path, objective: str) -> dict:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("objective", ["dpo", "asft", pytest.param("grpo", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "objective", ["dpo", "kto", "asft", pytest.param("grpo", marks=pytest.mark.slow)]
+)
 def test_the_adapters_off_reference_gives_the_losses_of_a_frozen_copy(
     world, tiny_tokenizer_dir, objective, monkeypatch
 ):
-    """DPO's reference, ASFT's anchor and GRPO's KL reference are the policy's starting
-    weights. With LoRA those are the base model, i.e. the policy with its adapters
+    """DPO's and KTO's reference, ASFT's anchor and GRPO's KL reference are the policy's
+    starting weights. With LoRA those are the base model, i.e. the policy with its adapters
     disabled: 3 steps with that reference and 3 with a second, frozen copy of the model give
     the same losses (1e-6). The adapters move after step 1, so from step 2 on the policy is
-    not its reference: a reference that were the adapted policy would give DPO's log 2 and a
+    not its reference: a reference that were the adapted policy would give DPO's log 2,
+    KTO's 0.5 (every log-ratio 0, each completion's value s(0) = 1/2 of its weight 1) and a
     zero KL (ASFT, GRPO)."""
     sections = reference_sections(world, objective)
     monkeypatch.syspath_prepend(str(world))  # GRPO's reward module
@@ -274,14 +282,28 @@ def test_the_adapters_off_reference_gives_the_losses_of_a_frozen_copy(
         records[reference] = read_metrics(world / "runs" / name)
         losses[reference] = [r["loss"] for r in records[reference]]
     assert losses["adapters_off"] == pytest.approx(losses["copy"], abs=1e-6)
-    if objective == "dpo":
-        assert losses["copy"][0] == pytest.approx(math.log(2), abs=1e-6)  # policy = reference
-        assert abs(losses["copy"][-1] - math.log(2)) > 1e-3
+    if objective in ("dpo", "kto"):
+        at_reference = math.log(2) if objective == "dpo" else 0.5
+        assert losses["copy"][0] == pytest.approx(at_reference, abs=1e-6)  # policy = reference
+        assert abs(losses["copy"][-1] - at_reference) > 1e-3
     else:
         kl = {reference: [r["kl"] for r in records[reference]] for reference in records}
         assert kl["copy"][0] == pytest.approx(0.0, abs=1e-6)
         assert kl["copy"][-1] > 1e-5
         assert kl["adapters_off"] == pytest.approx(kl["copy"], abs=1e-6)
+
+
+def test_orpo_trains_the_adapters(world, tiny_tokenizer_dir):
+    """ORPO (no reference model) under LoRA: the full checkpoint holds the 12 adapter
+    tensors only, and every B, zero at the start, has moved: ORPO's loss trained them."""
+    run_dir = run(
+        world, "orpo-lora", tiny_tokenizer_dir, lora={}, **reference_sections(world, "orpo")
+    )
+    state = torch.load(run_dir / "checkpoints/step-3/plain/state.pt", weights_only=False)
+    assert len(state["module"]) == 12
+    assert all(".lora_A." in k or ".lora_B." in k for k in state["module"])
+    b = [v for k, v in state["module"].items() if ".lora_B." in k]
+    assert len(b) == 6 and all(v.abs().max() > 0 for v in b)
 
 
 def test_adapters_off_loads_no_second_model(world, tiny_tokenizer_dir, monkeypatch):

@@ -29,7 +29,8 @@ TOOLS = {
     "data": ("pt-data", "Load, transform, mix, template, tokenize, pack and inspect datasets."),
     "train": (
         "pt-train",
-        "Train causal language models with DeepSpeed (SFT, DFT, ASFT, DPO, OPD, GRPO).",
+        # pt-train's own summary, written here so that `pt --help` imports no tool
+        "Train causal language models with DeepSpeed (SFT, DFT, ASFT, DPO, OPD, GRPO, ORPO, KTO).",
     ),
     "rollout": ("pt-rollout", "Generate rollouts and score them with a teacher (vLLM or HF)."),
     "eval": ("pt-eval", "Extract and grade math answers; pass@k and benchmark runs."),

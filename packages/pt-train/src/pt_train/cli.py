@@ -1,4 +1,5 @@
-"""`pt-train`: Train causal language models with DeepSpeed (SFT, DFT, ASFT, DPO, OPD, GRPO).
+"""`pt-train`: Train causal language models with DeepSpeed (SFT, DFT, ASFT, DPO, OPD, GRPO,
+ORPO, KTO).
 
     pt-train run train.yaml training.learning_rate=1e-5 --data out/data/sft
     pt-data build data.yaml | pt-train run train.yaml --data -
@@ -24,11 +25,12 @@ from pt_core.cli import flag, make_app, make_main, split_overrides
 from pt_core.errors import Interrupted, disk_full_as_error
 from pt_core.log import console
 from pt_core.manifest import emit_manifest, resolve_input
-from pt_train import __version__
+from pt_train import OBJECTIVES, __version__
 
 app = make_app(
     "pt-train",
-    "Train causal language models with DeepSpeed (SFT, DFT, ASFT, DPO, OPD, GRPO).",
+    "Train causal language models with DeepSpeed "
+    f"({', '.join(name.upper() for name in OBJECTIVES)}).",
     __version__,
 )
 

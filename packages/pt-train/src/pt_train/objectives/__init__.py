@@ -6,7 +6,7 @@ its loss as a pure function of log-probs (see :mod:`pt_train.objectives.base`). 
 one: write ``objectives/<name>.py`` with a config section (a :class:`pt_core.config.Section`
 whose ``name`` is a one-value ``Literal``) and an :class:`Objective` subclass, end it with
 ``OBJECTIVE = (TheConfig, TheObjective)`` and add
-its name in ``NAMES``; nothing else changes.
+its name in ``pt_train.OBJECTIVES`` (``NAMES`` here); nothing else changes.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Annotated, Protocol, Union
 
 from pydantic import Field
 
+from pt_train import OBJECTIVES as NAMES
 from pt_train.objectives.base import LossOutput, Needs, Objective
 
-# The objectives, by the name a config gives (``objective: {name: ...}``): each is the
-# module of that name here, which ends with ``OBJECTIVE = (ConfigSection, ObjectiveClass)``.
-NAMES = ("sft", "dft", "asft", "dpo", "opd", "grpo", "orpo", "kto")
+# Each name is the module of that name here, which ends with
+# ``OBJECTIVE = (ConfigSection, ObjectiveClass)``.
 
 REGISTRY: dict[str, tuple[type, type[Objective]]] = {
     name: importlib.import_module(f"pt_train.objectives.{name}").OBJECTIVE for name in NAMES
