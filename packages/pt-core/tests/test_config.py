@@ -3,10 +3,11 @@ that name the file, line, key and fix."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import pytest
 import yaml
+from pydantic import Field, model_validator
 
 from pt_core.config import (
     Section,
@@ -171,3 +172,58 @@ def test_config_hash_changes_with_content(cfg_path):
     a = load_config(cfg_path, [], Run)
     b = load_config(cfg_path, ["training.learning_rate=1e-4"], Run)
     assert config_hash(a) != config_hash(b)
+
+
+class Plain(Section):
+    name: Literal["plain"] = "plain"
+    loss: Literal["sigmoid", "simpo"] = "sigmoid"
+    gamma: float | None = None
+
+    @model_validator(mode="after")
+    def _gamma_needs_simpo(self):
+        if self.gamma is not None and self.loss != "simpo":
+            raise ValueError(f"gamma={self.gamma} has no effect with loss {self.loss}; remove it")
+        return self
+
+
+class Other(Section):
+    name: Literal["other"]
+
+
+class WithObjective(Section):
+    name: str
+    objective: Annotated[Plain | Other, Field(discriminator="name")] = Plain()
+
+
+OBJECTIVE_CONFIG = "name: demo\nobjective:\n  name: plain\n  loss: sigmoid\n"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "blamed", "says"),
+    [
+        (["objective.gamma=1"], "override objective.gamma", "objective: gamma=1.0 has no effect"),
+        (["objective.name=nope"], "override objective.name", "'objective': name 'nope' is not known"),
+        (["objective.loss=sigmoid", "objective.gamma=2"], "override objective.gamma",
+         "gamma=2.0 has no effect"),
+    ],
+    ids=["section-check", "tag", "two-overrides"],
+)  # fmt: skip
+def test_a_section_an_override_made_invalid_blames_the_override(tmp_path, overrides, blamed, says):
+    """The objective section of the file is valid as written (line 2): the override on the
+    command line made it invalid, so the error points there, not at the file's line."""
+    path = tmp_path / "run.yaml"
+    path.write_text(OBJECTIVE_CONFIG)
+    with pytest.raises(ConfigError) as err:
+        load_config(path, overrides, WithObjective)
+    assert err.value.message.startswith(f"{blamed}: "), err.value.message
+    assert says in err.value.message and f"{path}:" not in err.value.message
+
+
+def test_a_section_the_file_makes_invalid_still_names_its_line(tmp_path):
+    """The file's own mistake (gamma without simpo, line 2's section) is the file's, even
+    with an unrelated override on the command line."""
+    path = tmp_path / "run.yaml"
+    path.write_text(OBJECTIVE_CONFIG + "  gamma: 1.0\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["name=other"], WithObjective)
+    assert err.value.message.startswith(f"{path}:2: objective: gamma=1.0 has no effect")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from pt_core.errors import ConfigError
 from pt_train.config import TrainConfig, batch_layout, resume_changed_keys
@@ -111,3 +112,25 @@ def test_warmup_then_cosine_to_the_floor():
     # halfway through the 8 decay steps the cosine is at the midpoint between peak and floor
     assert lr_at(6, t, 10) == pytest.approx(0.1 + 0.9 * 0.5)
     assert min(lrs) > 0.1
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("objective.simpo_gamma=1", "objective.simpo_gamma=1.0 has no effect"),
+        ("objective.loss_weights=[1,2]", "loss_weights has 2 values for 1 loss types"),
+        ("objective.name=dpoo", "name 'dpoo' is not known"),
+    ],
+)
+def test_a_refused_objective_override_is_blamed_on_the_command_line(
+    tmp_path, tiny_run_config, pt_train_in_process, override, says
+):
+    """The file's objective section (DPO, sigmoid loss) is valid as written; the override
+    makes it invalid, so the error names the override, not the file's line."""
+    config = tiny_run_config(tmp_path / "runs", tmp_path, {"name": "dpo", "beta": 0.1})
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    code, _, err = pt_train_in_process("check", tmp_path / "train.yaml", override)
+    err = " ".join(err.split())
+    assert code == 2 and err.count("error:") == 1, err
+    assert err.startswith(f"error: override {override.split('=')[0]}: ") and says in err, err
+    assert "train.yaml:" not in err

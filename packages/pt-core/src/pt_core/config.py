@@ -10,6 +10,7 @@ names the file, the line, the dotted key, and what would fix it.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import json
@@ -176,32 +177,106 @@ def validate(
     source: str = "<config>",
     lines: dict[tuple, int] | None = None,
     overridden: set[tuple] | None = None,
+    written: dict | None = None,
+    overrides: list[str] | None = None,
 ) -> S:
-    """Validate ``data`` against ``schema``; turn pydantic's errors into one clear ConfigError."""
+    """Validate ``data`` against ``schema``; turn pydantic's errors into one clear ConfigError.
+
+    ``written`` (the file's data) and ``overrides`` (what the command line set on it) let
+    a section's own check, or its tag, blame the override that made the section invalid
+    rather than the file's line of the section."""
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        problems = [
-            _describe(err, schema, data, source, lines or {}, overridden or set())
-            for err in exc.errors()
-        ]
+        problems = []
+        for err in exc.errors():
+            blamed = _blamed_overrides(err, schema, written, overrides or [])
+            where = "override " + ", ".join(blamed) if blamed else None
+            problems.append(
+                _describe(err, schema, data, source, lines or {}, overridden or set(), where=where)
+            )
         header = (
             f"{source}: {len(problems)} problem(s) in the config" if len(problems) > 1 else None
         )
         raise ConfigError("\n".join([header, *problems] if header else problems)) from None
 
 
-def _describe(
-    err: ErrorDetails, schema: type[BaseModel], data: dict, source: str, lines, overridden
-) -> str:
-    raw = tuple(
+def _raw_loc(err: ErrorDetails) -> tuple:
+    return tuple(
         p
         for p in err["loc"]
         if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))
     )
+
+
+def _loc_of(err: ErrorDetails, schema: type[BaseModel]) -> tuple:
+    """The error's place as the keys are written (the union tags pydantic inserts dropped)."""
+    return _without_tags(schema, _raw_loc(err))
+
+
+def _blamed_overrides(
+    err: ErrorDetails, schema: type[BaseModel], written: dict | None, overrides: list[str]
+) -> list[str]:
+    """The overrides at or under a section (or its tag) that make it invalid, where the
+    file's section is valid without them: each one whose removal takes the error away (all
+    of them when no one alone does). Empty when the file itself is at fault, or the error
+    is at a key an override set (that override is named already)."""
+    loc = list(_loc_of(err, schema))
+    kind = err["type"]
+    section_check = kind == "value_error" and isinstance(err.get("input"), dict)
+    if written is None or not (section_check or kind.startswith("union_tag")):
+        return []
+    under = [o for o in overrides if "=" in o and _as_loc(o.split("=", 1)[0])[: len(loc)] == loc]
+    if not under:
+        return []
+    key = (tuple(err["loc"]), err["msg"])
+    others = [o for o in overrides if o not in under]
+    if key in _errors(schema, written, others):
+        return []  # the file's section is invalid as written
+    blamed = [
+        o for o in under if key not in _errors(schema, written, [p for p in overrides if p != o])
+    ]
+    return [o.split("=", 1)[0].strip() for o in blamed or under]
+
+
+def _errors(schema: type[BaseModel], written: dict, overrides: list[str]) -> set[tuple]:
+    """``(loc, msg)`` of every error of ``written`` with ``overrides`` applied (validated
+    again quietly: a section's warnings were given once already)."""
+    import logging
+    import warnings
+
+    data = copy.deepcopy(written)
+    try:
+        apply_overrides(data, overrides)
+    except ConfigError:
+        return set()
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            schema.model_validate(data)
+    except ValidationError as exc:
+        return {(tuple(e["loc"]), e["msg"]) for e in exc.errors()}
+    finally:
+        logging.disable(previous)
+    return set()
+
+
+def _describe(
+    err: ErrorDetails,
+    schema: type[BaseModel],
+    data: dict,
+    source: str,
+    lines,
+    overridden,
+    *,
+    where: str | None = None,
+) -> str:
+    raw = _raw_loc(err)
     loc = _without_tags(schema, raw)  # the keys as written; ``raw`` walks the schema
     dotted = ".".join(map(str, loc)) or "<top level>"
-    where = _where(loc, source, lines, overridden)
+    where = where or _where(loc, source, lines, overridden)
     kind = err["type"]
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         ctx = err.get("ctx", {})
@@ -419,6 +494,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None, sch
     data, lines = read_yaml(path) if path is not None else ({}, {})
     overrides = list(overrides or [])
     overridden = {tuple(_as_loc(o.split("=", 1)[0])) for o in overrides if "=" in o}
+    written = copy.deepcopy(data)
     apply_overrides(data, overrides)
     return validate(
         data,
@@ -426,6 +502,8 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None, sch
         source=str(path) if path else "<overrides>",
         lines=lines,
         overridden=overridden,
+        written=written,
+        overrides=overrides,
     )
 
 
