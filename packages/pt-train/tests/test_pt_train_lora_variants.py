@@ -202,3 +202,33 @@ def test_qlora_where_it_cannot_work_is_refused_with_the_config(
     assert code == 2 and "Traceback" not in err
     assert err.count("error:") == 1 and "load_in_4bit (QLoRA)" in err and says in err
     assert "fix:" in err
+
+
+def test_qlora_counts_the_models_parameters_not_their_packed_4bit_storage(
+    tiny_model_dir, tiny_tokenizer, capsys
+):
+    """bitsandbytes stores a 4-bit weight packed, two values a byte (its tensor has half the
+    weight's elements): the log's parameter total is the model's, the same as for LoRA on
+    the full-precision base, and the adapters' count is the same too."""
+    import re
+
+    from pt_core.log import setup_logging
+    from pt_train.config import ModelConfig
+    from pt_train.model import load_model
+
+    pytest.importorskip("bitsandbytes")
+    setup_logging()
+    counts = {}
+    for four_bit in (False, True):
+        lora = {
+            "r": 4,
+            "target_modules": ["q_proj", "v_proj", "gate_proj"],
+            "load_in_4bit": four_bit,
+        }
+        cfg = ModelConfig.model_validate({"name_or_path": str(tiny_model_dir), "lora": lora})
+        capsys.readouterr()
+        load_model(cfg, tiny_tokenizer, dtype=torch.float32, seed=0, lora=cfg.lora)
+        said = " ".join(capsys.readouterr().err.split())
+        trained, total = re.search(r"(\d+) of (\d+) parameters train", said).groups()
+        counts[four_bit] = (int(trained), int(total))
+    assert counts[True] == counts[False]

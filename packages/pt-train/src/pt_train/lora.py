@@ -85,8 +85,10 @@ def apply_lora(model, lora_cfg, *, seed: int):
                 hint=f"name linear layers of {type(model).__name__}: {', '.join(names)}",
             ) from None
     _check_targets(peft_model, targets, names)
-    trained = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in peft_model.parameters())
+    from pt_train.model import parameter_numel
+
+    trained = sum(parameter_numel(p) for p in peft_model.parameters() if p.requires_grad)
+    total = sum(parameter_numel(p) for p in peft_model.parameters())
     log.info(
         "lora%s: r=%d alpha=%g on %d layers; %d of %d parameters train (%.3f%%)",
         "".join(f" ({k})" for k in ("use_dora", "use_rslora") if getattr(lora_cfg, k)),

@@ -54,7 +54,9 @@ def peak_memory_gb() -> float:
 
 def training_flops_per_token(model) -> float:
     """~6 x parameters (forward + backward), the usual MFU convention."""
-    n = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    from pt_train.model import parameter_numel
+
+    n = sum(parameter_numel(p) for p in model.parameters())
     return 6.0 * n
 
 

@@ -13,6 +13,15 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 
+def parameter_numel(param) -> int:
+    """The number of values a parameter holds: a ZeRO-3 partition's whole (``ds_numel``), a
+    4-bit bitsandbytes weight's unpacked shape (its tensor holds two values a byte)."""
+    quant_state = getattr(param, "quant_state", None)
+    if quant_state is not None:
+        return quant_state.shape.numel()
+    return getattr(param, "ds_numel", param.numel())
+
+
 def build_llama(
     tokenizer,
     *,
@@ -211,7 +220,7 @@ def load_model(
         # forward (the fused one reads the base weights), and fused.py leaves it alone.
         model = apply_lora(model, lora, seed=seed)
         if four_bit:
-            trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            trained = sum(parameter_numel(p) for p in model.parameters() if p.requires_grad)
             log.info(
                 "QLoRA: the base is loaded as 4-bit NF4 (bitsandbytes); %d adapter parameters "
                 "train",
