@@ -6,6 +6,7 @@ uploaded, which needs the hub: offline, the command stops with one line before a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -48,13 +49,23 @@ def test_the_card_names_base_data_objective_config_and_final_metrics(run_dir, cl
     }  # model.init: no hub model to name as base_model
     assert "## Base model\n\nRandomly initialised (llama, `model.init`)" in body
     fingerprint = json.loads((run_dir / "data_fingerprint.json").read_text())
-    assert f"## Data\n\n`{run_dir.parent.parent / 'data'}`" in body
+    assert "## Data\n\n`.../data`" in body
     assert f"Fingerprint `{fingerprint['digest']}` (split `train`)." in body
     assert "## Objective\n\n```yaml\nname: sft\n" in body
 
-    # the resolved config, as frozen in the run directory
+    # the resolved config, as frozen in the run directory, its local paths by their names
     config_block = body.split("## Training config")[1].split("```yaml\n")[1].split("```")[0]
-    assert yaml.safe_load(config_block) == yaml.safe_load((run_dir / "config.yaml").read_text())
+    frozen = yaml.safe_load((run_dir / "config.yaml").read_text())
+    for section, key in (("data", "path"), ("model", "init")):
+        if key == "init":
+            tokenizer = Path(frozen["model"]["init"]["tokenizer"])
+            frozen["model"]["init"]["tokenizer"] = f".../{tokenizer.name}"
+        else:
+            frozen[section][key] = f".../{Path(frozen[section][key]).name}"
+    frozen["output_dir"] = ".../runs"
+    assert yaml.safe_load(config_block) == frozen
+    # the card is published: no directory of the machine that trained appears in it
+    assert str(run_dir.parent.parent) not in card and str(Path.home()) not in card
 
     # the last step's metrics and the last evaluation's, as metrics.jsonl has them
     last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
@@ -84,3 +95,28 @@ def test_a_run_without_an_inference_checkpoint_is_refused(tmp_path, cli):
     assert f"error: {tmp_path}: no inference checkpoint (inference/step-N)" in " ".join(
         proc.stderr.split()
     )
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "says", "fix"),
+    [
+        ("inference/step-2", "is an inference checkpoint, not a run directory",
+         "push its run with this checkpoint: pt-train push {run} --checkpoint {path}"),
+        ("checkpoints/step-2", "is a full checkpoint (for resuming), not a run directory",
+         "push its run, whose last inference checkpoint is published: pt-train push {run}"),
+    ],
+    ids=["inference", "full"],
+)  # fmt: skip
+def test_a_checkpoint_given_for_the_run_names_the_run_directory(
+    run_dir, cli, checkpoint, says, fix
+):
+    """`pt-train push RUN/inference/step-2` (what `pt-train run` prints as its manifest's
+    path) is refused before any work, with the command that pushes it."""
+    path = run_dir / checkpoint
+    (path / "README.md").unlink(missing_ok=True)
+    proc = cli("pt-train", "push", path, check=False)
+    err = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "Traceback" not in err
+    assert f"error: {path} {says}" in err
+    assert "fix: " + fix.format(run=run_dir, path=path) in err
+    assert not (path / "README.md").exists()

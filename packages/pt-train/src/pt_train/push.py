@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+import re
+from pathlib import Path, PurePath
+from typing import Any
 
 import yaml
 
@@ -39,11 +41,30 @@ def final_checkpoint(run_dir: Path) -> Path:
         if p.is_dir() and p.name.split("-")[1].isdigit()
     ]
     if not steps:
+        _refuse_a_checkpoint(Path(run_dir))
         raise InputError(
             f"{run_dir}: no inference checkpoint (inference/step-N)",
             hint="push a run directory that pt-train run has trained, or wait for it to end",
         )
     return max(steps, key=lambda p: int(p.name.split("-")[1]))
+
+
+def _refuse_a_checkpoint(path: Path) -> None:
+    """A checkpoint of a run given where its run directory belongs (``pt-train run``
+    prints the inference checkpoint's path): the command that pushes it."""
+    run = path.parent.parent
+    if not (run / "config.yaml").is_file() or not path.name.startswith("step-"):
+        return
+    if path.parent.name == "inference":
+        raise InputError(
+            f"{path} is an inference checkpoint, not a run directory",
+            hint=f"push its run with this checkpoint: pt-train push {run} --checkpoint {path}",
+        )
+    if path.parent.name == "checkpoints":
+        raise InputError(
+            f"{path} is a full checkpoint (for resuming), not a run directory",
+            hint=f"push its run, whose last inference checkpoint is published: pt-train push {run}",
+        )
 
 
 def check_hub_reachable() -> None:
@@ -63,17 +84,36 @@ def check_hub_reachable() -> None:
         )
 
 
+_LOCAL_PATH = re.compile(r"(?:file:(?://)?)?(?:/|~|[A-Za-z]:[\\/])")
+
+
+def published(value: Any) -> Any:
+    """A config value as a card published on the hub shows it: an absolute local path (or
+    ``file:`` URI) by its last component, ``.../name``, so that the card names no directory
+    of the machine that trained; hub names and relative paths as they are."""
+    if isinstance(value, dict):
+        return {key: published(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [published(item) for item in value]
+    if isinstance(value, str) and _LOCAL_PATH.match(value):
+        name = PurePath(re.sub(r"^file:(?://)?", "", value).rstrip("/\\")).name
+        return f".../{name}" if name else "..."
+    return value
+
+
 def model_card(run_dir: Path, checkpoint: Path) -> str:
     """The model card of ``checkpoint``, from the run directory's frozen config, data
-    fingerprint and metrics."""
+    fingerprint and metrics (local paths by their names, see :func:`published`)."""
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise InputError(f"{run_dir}: not a pt-train run directory (no config.yaml)")
-    config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    written = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    config = published(written)
     model = config.get("model") or {}
     objective = (config.get("objective") or {}).get("name", "sft")
     base = model.get("name_or_path")
+    hub_base = (written.get("model") or {}).get("name_or_path")
     init = model.get("init")
     records = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
     fingerprint = read_data_fingerprint(run_dir)
@@ -84,8 +124,8 @@ def model_card(run_dir: Path, checkpoint: Path) -> str:
         "pipeline_tag": "text-generation",
     }
     front["tags"] = ["pt", objective] + (["lora"] if model.get("lora") else [])
-    if base is not None and looks_like_hub_name(base) and not Path(base).exists():
-        front["base_model"] = base
+    if hub_base is not None and looks_like_hub_name(hub_base) and not Path(hub_base).exists():
+        front["base_model"] = hub_base
     lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", ""]
     lines += [f"# {config.get('run_name', run_dir.name)}", ""]
     lines += [f"Trained with pt (`pt-train run`), objective `{objective}`, {step} steps.", ""]
