@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ def test_completion_reaches_the_tools_verbs_and_options():
     assert complete("pt train r") == ["run"]
     assert "--model" in complete("pt rollout generate --mo")
     assert {"build", "inspect", "stats", "pairs"} <= set(complete("pt data "))
+    assert complete("pt chat --tem") == ["--temperature"]  # pt chat is pt rollout chat
     # --show-completion writes the script of the shell it runs under, found among its
     # parent processes: run it from bash, as a user does (`; true` keeps bash from
     # replacing itself with the command, which would leave the test process as its parent)
@@ -118,3 +120,60 @@ def test_pt_train_pipes_into_pt_rollout_generate(train_config, tmp_path):
     rollouts = json.loads(generate.stdout)
     step = train_config / "runs" / "tiny" / "inference" / "step-60"
     assert rollouts["kind"] == "rollouts" and rollouts["model"] == str(step.resolve())
+
+
+def test_pt_chat_is_pt_rollout_chat(tiny_model_dir):
+    """`pt chat` (as `trl chat` and `llamafactory-cli chat` are at their tools' top) runs
+    `pt-rollout chat`: the same help, and the same refusal when nothing is a terminal."""
+    help_via_pt = subprocess.run(
+        [BIN / "pt", "chat", "--help"], capture_output=True, text=True, env=ENV
+    )
+    direct = subprocess.run(
+        [BIN / "pt", "rollout", "chat", "--help"], capture_output=True, text=True, env=ENV
+    )
+    assert help_via_pt.returncode == direct.returncode == 0
+    assert help_via_pt.stdout == direct.stdout and "Usage: pt rollout chat" in direct.stdout
+    refused = [
+        subprocess.run([BIN / tool, *words, tiny_model_dir], input="hi\n", capture_output=True,
+                       text=True, env=ENV)
+        for tool, words in (("pt", ["chat"]), ("pt-rollout", ["chat"]))
+    ]  # fmt: skip
+    assert refused[0].returncode == refused[1].returncode == 2
+    assert refused[0].stderr == refused[1].stderr
+    assert "reads what you type from a terminal" in refused[0].stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
+def test_pt_chat_talks_with_a_checkpoint_in_a_terminal(tiny_model_dir, tmp_path):
+    """In a terminal: the chat's prompt, a reply, /exit, exit code 0."""
+    session = f"pt-chat-alias-{os.getpid()}"
+    script = (
+        f"{BIN / 'pt'} chat {tiny_model_dir} --temperature 0 --max-tokens 4; "
+        "echo chat exited $?; sleep 60"
+    )
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", "-c", str(tmp_path),
+         script],
+        check=True, env=ENV,
+    )  # fmt: skip
+
+    def wait_for(text: str, count: int = 1) -> str:
+        deadline = time.monotonic() + 180
+        while True:
+            screen = subprocess.run(
+                ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True
+            ).stdout
+            if screen.count(text) >= count:
+                return screen
+            assert time.monotonic() < deadline, f"{text!r} never showed:\n{screen}"
+            time.sleep(0.2)
+
+    try:
+        wait_for("you>")
+        subprocess.run(["tmux", "send-keys", "-t", session, "What is 2 + 2?", "Enter"], check=True)
+        assert "model>" in wait_for("you>", 2)
+        subprocess.run(["tmux", "send-keys", "-t", session, "/exit", "Enter"], check=True)
+        assert "Traceback" not in wait_for("chat exited 0")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)

@@ -2,6 +2,7 @@
 
     pt data build data.yaml | pt train run train.yaml --data -
     pt rollout generate --model - --prompts prompts.jsonl
+    pt chat runs/sft/inference/step-100      # pt rollout chat, at the top as in trl chat
     pt env                                   # versions, devices, SLURM
     pt --install-completion                  # tab completion for bash, zsh, fish
 
@@ -35,6 +36,11 @@ TOOLS = {
     "rollout": ("pt-rollout", "Generate rollouts and score them with a teacher (vLLM or HF)."),
     "eval": ("pt-eval", "Extract and grade math answers; pass@k and benchmark runs."),
     "slurm": ("pt-slurm", "Render, submit and watch self-requeueing SLURM jobs."),
+}
+# pt NAME ARGS... runs pt TOOL VERB ARGS...: the verbs users of other tools look for at the
+# top (trl chat, llamafactory-cli chat)
+ALIASES = {
+    "chat": ("rollout", "chat", "Chat with a model in the terminal (pt rollout chat)."),
 }
 
 
@@ -80,13 +86,15 @@ class _Tools(CommandGroup):
         return [*TOOLS, *own]
 
     def get_command(self, ctx: typer.Context, name: str):
-        if name in TOOLS and ctx.resilient_parsing:
+        if (name in TOOLS or name in ALIASES) and ctx.resilient_parsing:
+            tool, verb = (name, None) if name in TOOLS else ALIASES[name][:2]
             try:
-                module = importlib.import_module(tool_entry_point(name).module)
+                module = importlib.import_module(tool_entry_point(tool).module)
             except (PtError, ImportError):
                 pass  # not installed: complete nothing under it
             else:
-                return typer.main.get_command(module.app)
+                command = typer.main.get_command(module.app)
+                return command if verb is None else command.commands[verb]  # pyright: ignore[reportAttributeAccessIssue]
         return super().get_command(ctx, name)
 
 
@@ -117,6 +125,23 @@ def _add_tool(tool: str, summary: str) -> None:
 
 for _tool, (_script, _summary) in TOOLS.items():
     _add_tool(_tool, _summary)
+
+
+def _add_alias(name: str, tool: str, verb: str, summary: str) -> None:
+    def forward(ctx: typer.Context) -> None:
+        run_tool(tool, [verb, *ctx.args])
+
+    forward.__doc__ = summary
+    app.command(
+        name,
+        help=summary,
+        add_help_option=False,  # pt chat --help is pt rollout chat's help
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(forward)
+
+
+for _name, (_tool, _verb, _summary) in ALIASES.items():
+    _add_alias(_name, _tool, _verb, _summary)
 
 
 @app.command("env")
