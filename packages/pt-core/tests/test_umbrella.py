@@ -63,12 +63,25 @@ def test_env_reports_this_interpreter_its_packages_and_slurm(tmp_path):
     info = json.loads(proc.stdout)
     assert info["python"] == platform.python_version()
     assert info["pt"]["pt-core"] == importlib.metadata.version("pt-core")
-    for name in ("torch", "transformers", "deepspeed", "vllm"):
+    names = ("torch", "transformers", "deepspeed", "vllm", "peft", "bitsandbytes", "wandb",
+             "tensorboard")  # fmt: skip
+    for name in names:
         try:
             expected = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             expected = None
         assert info["libraries"][name] == expected, name
+    # MLflow under the name of the distribution installed: mlflow, or the mlflow-skinny
+    # that pt-train[mlflow] installs (whose default store it cannot open)
+    mlflow = {k: v for k, v in info["libraries"].items() if k.startswith("mlflow")}
+    for distribution in ("mlflow", "mlflow-skinny"):
+        try:
+            assert mlflow == {distribution: importlib.metadata.version(distribution)}
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    else:
+        assert mlflow == {"mlflow": None}
     assert info["devices"]["kind"] in ("cpu", "cuda")
     assert info["devices"]["count"] == len(info["devices"]["names"])
     assert info["slurm"]["sbatch"] == shutil.which("sbatch")

@@ -15,7 +15,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-LIBRARIES = ("torch", "transformers", "deepspeed", "vllm")
+# The libraries a bug report names: the training stack, then what model.lora and the loggers
+# pull in. Each is one or more distributions of one library, the first installed named.
+LIBRARIES = (
+    ("torch",),
+    ("transformers",),
+    ("deepspeed",),
+    ("vllm",),
+    ("peft",),
+    ("bitsandbytes",),
+    ("mlflow", "mlflow-skinny"),  # pt-train[mlflow] installs mlflow-skinny
+    ("wandb",),
+    ("tensorboard",),
+)
 PT_PACKAGES = ("pt-core", "pt-data", "pt-train", "pt-rollout", "pt-eval", "pt-slurm")
 COMMAND_TIMEOUT_S = 5.0
 NVIDIA_DRIVER = Path("/proc/driver/nvidia")
@@ -27,12 +39,22 @@ def environment() -> dict:
         "python": platform.python_version(),
         "executable": sys.executable,
         "platform": platform.platform(),
-        "libraries": {name: installed_version(name) for name in LIBRARIES},
+        "libraries": dict(library_version(names) for names in LIBRARIES),
         "vllm_side_env": _vllm_side_env(),
         "pt": {name: installed_version(name) for name in PT_PACKAGES},
         "devices": devices(),
         "slurm": slurm(),
     }
+
+
+def library_version(distributions: tuple[str, ...]) -> tuple[str, str | None]:
+    """``(distribution, version)`` of the first of ``distributions`` installed, else
+    ``(the first, None)``."""
+    for name in distributions:
+        version = installed_version(name)
+        if version is not None:
+            return name, version
+    return distributions[0], None
 
 
 def installed_version(distribution: str) -> str | None:

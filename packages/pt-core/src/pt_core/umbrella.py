@@ -148,7 +148,8 @@ for _name, (_tool, _verb, _summary) in ALIASES.items():
 def env_cmd(
     as_json: bool = flag("--json", help="One JSON object on stdout instead of the report."),
 ) -> None:
-    """Versions (python, torch, transformers, deepspeed, vllm, pt), devices and SLURM."""
+    """Versions (python, the training libraries, LoRA's and the loggers', pt), devices and
+    SLURM."""
     import json
 
     from pt_core.env import environment, format_environment
