@@ -255,3 +255,40 @@ def test_an_eval_section_beside_the_training_keys_keeps_their_lines_in_errors(tm
     proc = pt_slurm("submit", path, "--stage", "train", "--stage", "eval", "--dry-run", check=False)
     assert proc.returncode == 2
     assert f"{path}:7" in proc.stderr and "training.warmup_ratio" in proc.stderr
+
+
+FOREIGN_CHECKS = {
+    # an older or foreign pt-train: `check` prints a manifest, not the check's result
+    "manifest": 'print(\'{"kind": "checkpoint", "path": "/runs/x/inference/step-1"}\')',
+    "list": "print('[1, 2]')",
+    "no JSON": "print('checked')",
+}
+
+
+@pytest.mark.parametrize("prints", list(FOREIGN_CHECKS))
+@pytest.mark.parametrize("stage", ["train", "data"])
+def test_a_check_command_that_answers_another_shape_is_one_error_line(
+    tmp_path, pt_slurm, stage, prints
+):
+    """The job environment's pt-train / pt-data answers `check` with exit 0 but not with
+    the check's JSON result (config, grad_accum; datasets): one line naming the command,
+    what it printed and the fix, exit 2, nothing submitted or written."""
+    env = tmp_path / "old-env"
+    (env / "bin").mkdir(parents=True)
+    tool = env / "bin" / f"pt-{stage}"
+    tool.write_text(f"#!{sys.executable}\n{FOREIGN_CHECKS[prints]}\n")
+    tool.chmod(0o755)
+    path = write(tmp_path, {})
+    if stage == "data":
+        config = yaml.safe_load(path.read_text())
+        config["data"] = {"datasets": [{"source": "rows.jsonl"}]}
+        path.write_text(yaml.safe_dump(config))
+    proc = pt_slurm(
+        "submit", path, "--stage", stage, f"slurm.python_env={env}", "--dry-run", check=False
+    )
+    err = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "Traceback" not in err and "internal error" not in err, err
+    assert err.count("error:") == 1
+    assert f"`{tool} check {path}` printed no pt-{stage} check result" in err
+    assert f"fix: is {tool} the pt-{stage} of this pt-slurm's version?" in err
+    assert not (tmp_path / "runs").exists()

@@ -81,7 +81,12 @@ def _validate_train(run: RunFile, config: Path | None, overrides: list[str]) -> 
         size = ["--world-size", str(world)]
         at = f"{world} ({how})"
     report = _run_check(
-        "pt-train", run, config, [*overrides, *size], f"at the job's world size {at}"
+        "pt-train",
+        run,
+        config,
+        [*overrides, *size],
+        f"at the job's world size {at}",
+        reads=("config.launcher.nproc", "grad_accum"),
     )
     if isinstance(report, str):
         return report
@@ -98,7 +103,7 @@ def _validate_data(run: RunFile, config: Path | None, overrides: list[str]) -> s
     if config is None:
         raise ConfigError("a data stage needs a config file with a data: section (`config:`)")
     data_overrides = [o for o in overrides if o.startswith("data.")]
-    report = _run_check("pt-data", run, config, data_overrides, "")
+    report = _run_check("pt-data", run, config, data_overrides, "", reads=("datasets",))
     if isinstance(report, str):
         return report
     tool, result = report
@@ -117,11 +122,13 @@ def _check_command(run: RunFile, name: str) -> Path | None:
 
 
 def _run_check(
-    name: str, run: RunFile, config: Path, args: list[str], where: str
+    name: str, run: RunFile, config: Path, args: list[str], where: str, *, reads: tuple[str, ...]
 ) -> tuple[Path, dict] | str:
-    """Run ``name check CONFIG ARGS`` as the job would; its JSON result, or (when no such
-    command is found) one line saying the config was not checked. A config the command
-    refuses is one :class:`ConfigError` with its own words, naming ``config``."""
+    """Run ``name check CONFIG ARGS`` as the job would; its JSON result, which holds the
+    dotted keys ``reads``, or (when no such command is found) one line saying the config
+    was not checked. A config the command refuses is one :class:`ConfigError` with its own
+    words, naming ``config``; a command that answers with anything but such a result (an
+    older or a foreign one) is one too."""
     tool = _check_command(run, name)
     if tool is None:
         place = python_bindir(run.slurm) or "the container"
@@ -144,12 +151,27 @@ def _run_check(
             f"`{name} check`{' ' + where if where else ''} refused the config: {words}"
         )
     try:
-        return tool, json.loads(proc.stdout)
+        result = json.loads(proc.stdout)
     except json.JSONDecodeError:
+        result = None
+    if not isinstance(result, dict) or not all(_holds(result, key) for key in reads):
+        printed = " ".join(proc.stdout.split())
+        printed = printed[:117] + "..." if len(printed) > 120 else printed or "nothing"
         raise ConfigError(
-            f"`{tool} check {config}` printed no JSON result",
-            hint=f"is {tool} the pt command of this version? ({' '.join(said[-1:])})",
-        ) from None
+            f"`{tool} check {config}` printed no {name} check result (it printed: {printed})",
+            hint=f"is {tool} the {name} of this pt-slurm's version? Install this pt in the "
+            "job's environment, or point slurm.python_env at one that has it",
+        )
+    return tool, result
+
+
+def _holds(result: Any, dotted: str) -> bool:
+    """Whether the JSON ``result`` has the mapping keys ``dotted`` (``config.launcher.nproc``)."""
+    for key in dotted.split("."):
+        if not isinstance(result, dict) or key not in result:
+            return False
+        result = result[key]
+    return True
 
 
 @contextlib.contextmanager
