@@ -96,6 +96,7 @@ ANSWERS = [
     ("units", "5", "4 m/s^2", False, "a plain-text unit does not hide a wrong number"),
     ("units", "4 \\text{ m/s}", "4 km/h", False, "metres per second are not kilometres per hour"),
     ("units", "4m^2", "4 m^2", True, "a letter with a power alone stays a variable: 4m^2 either way"),
+    ("units", "2AB", "2 A B", True, "capitals side by side are a product of points, not amperes and a unit"),
     # ---------------------------------------------------------------- separators
     ("separators", "58,500", "58\\,500", True, "a thin space between groups of three digits"),
     ("separators", "58,500", "58\\ 500", True, "a LaTeX space between groups"),

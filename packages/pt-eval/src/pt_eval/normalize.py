@@ -172,8 +172,9 @@ def _join_unit_pieces(m: re.Match) -> str:
 
 
 # a unit in plain text at the end, after a number: unit symbols joined by "/", "\cdot" or a
-# space (4 m/s^2, 60 km/h, 9.8 m s^{-2}) read as one \text{} unit; one symbol alone (4 m,
-# 4 m^2) stays a variable
+# space, with a "/" or a negative power (4 m/s^2, 60 km/h, 9.8 m s^{-2}), read as one
+# \text{} unit; one symbol alone (4 m, 4 m^2) or symbols side by side (2 A B, a product of
+# points) stay variables
 _UNIT_SYMBOL = (
     r"(?:km|cm|mm|nm|m|kg|mg|g|ms|s|min|h|hr|mL|ml|L|kN|N|kJ|J|kW|W|kPa|Pa|kHz|Hz|mol|eV|"
     r"V|A|K|C|ft|mi|lb|rad)(?![A-Za-z])(?:\^\s*(?:\{\s*-?\d+\s*\}|-?\d))?"
@@ -181,6 +182,16 @@ _UNIT_SYMBOL = (
 _PLAIN_UNIT = re.compile(
     rf"(?<=\d)[ \t]+({_UNIT_SYMBOL}(?:\s*(?:/|\\cdot|[ \t])\s*{_UNIT_SYMBOL})+)[ \t]*\Z"
 )
+_NEGATIVE_POWER = re.compile(r"\^\s*\{?\s*-")
+
+
+def _plain_unit(m: re.Match) -> str:
+    unit = m.group(1)
+    if "/" not in unit and not _NEGATIVE_POWER.search(unit):
+        return m.group(0)
+    return " \\text{ " + unit + "}"
+
+
 # 10{,}000 and 10,\!000: explicit thousands separators, joined wherever they are
 _EXPLICIT_THOUSANDS = re.compile(r"(?<=\d)\s*(?:\{\s*,\s*\}|,\\!\s*|,\\,\s*)(?=\d{3}(?!\d))")
 # 10\,000, 10\ 000, 10 000 (and thin spaces): a space between groups of three digits
@@ -304,8 +315,8 @@ def clean(text: str) -> str:
         s = _EMPTY_TEXT.sub("", _SCALED.sub(_scaled, s))
     if "}" in s and ("/" in s or "\\cdot" in s or s.count("{") > 1):
         s = _UNIT_RUN.sub(_join_unit_pieces, s)
-    if " " in s:
-        s = _PLAIN_UNIT.sub(lambda m: " \\text{ " + m.group(1) + "}", s)
+    if " " in s and ("/" in s or "^" in s):
+        s = _PLAIN_UNIT.sub(_plain_unit, s)
     s = s.replace("~", " ").replace("\\%", "%")
     if "." in s:
         s = _REPEATING.sub(_repeating, s)
