@@ -44,6 +44,15 @@ PEFT_PREFIX = "base_model.model."
 BASE_LAYER = ".base_layer."
 
 
+def parameter_numel(param) -> int:
+    """The number of values a parameter holds: a ZeRO-3 partition's whole (``ds_numel``), a
+    4-bit bitsandbytes weight's unpacked shape (its tensor holds two values a byte)."""
+    quant_state = getattr(param, "quant_state", None)
+    if quant_state is not None:
+        return quant_state.shape.numel()
+    return getattr(param, "ds_numel", param.numel())
+
+
 def apply_lora(model, lora_cfg, *, seed: int):
     """Wrap ``model`` (a Hugging Face causal LM) in a peft model with the adapters of
     ``lora_cfg`` (a ``pt_train.config.LoraSection``), its base weights frozen. The adapters'
@@ -85,8 +94,6 @@ def apply_lora(model, lora_cfg, *, seed: int):
                 hint=f"name linear layers of {type(model).__name__}: {', '.join(names)}",
             ) from None
     _check_targets(peft_model, targets, names)
-    from pt_train.model import parameter_numel
-
     trained = sum(parameter_numel(p) for p in peft_model.parameters() if p.requires_grad)
     total = sum(parameter_numel(p) for p in peft_model.parameters())
     log.info(

@@ -54,7 +54,7 @@ def peak_memory_gb() -> float:
 
 def training_flops_per_token(model) -> float:
     """~6 x parameters (forward + backward), the usual MFU convention."""
-    from pt_train.model import parameter_numel
+    from pt_train.lora import parameter_numel
 
     n = sum(parameter_numel(p) for p in model.parameters())
     return 6.0 * n

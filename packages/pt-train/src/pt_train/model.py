@@ -13,15 +13,6 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 
-def parameter_numel(param) -> int:
-    """The number of values a parameter holds: a ZeRO-3 partition's whole (``ds_numel``), a
-    4-bit bitsandbytes weight's unpacked shape (its tensor holds two values a byte)."""
-    quant_state = getattr(param, "quant_state", None)
-    if quant_state is not None:
-        return quant_state.shape.numel()
-    return getattr(param, "ds_numel", param.numel())
-
-
 def build_llama(
     tokenizer,
     *,
@@ -214,7 +205,7 @@ def load_model(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
     if lora is not None:
-        from pt_train.lora import apply_lora
+        from pt_train.lora import apply_lora, parameter_numel
 
         # Before the fused ops: an MLP whose projections carry adapters must keep its own
         # forward (the fused one reads the base weights), and fused.py leaves it alone.
