@@ -149,6 +149,49 @@ def llama3_model_dir(tmp_path_factory, qwen_tokenizer):
     return out
 
 
+def make_chatty(model, tokenizer, strength: float):
+    """``model`` (random weights) made to end its turns after a few tokens, as a chat model
+    does: every token's embedding gets the first coordinate 1, which the residual stream
+    carries to the head, and the head's row of the end-of-turn token reads it with weight
+    ``strength`` above the other rows (a tied head is the embedding: the same row)."""
+    import torch
+
+    from pt_core.chat import end_of_turn_ids
+
+    end = end_of_turn_ids(tokenizer)[0]
+    with torch.no_grad():
+        model.get_input_embeddings().weight[:, 0] = 1.0
+        head = model.get_output_embeddings().weight
+        head[end, 0] = head[:, 0].mean() + strength
+    return model
+
+
+@pytest.fixture(scope="session")
+def chatty_model_dir(tmp_path_factory, tiny_tokenizer):
+    """The tiny Llama (hidden 128, 2 layers, the tiny ChatML tokenizer) whose sampled turns
+    end with ``<|im_end|>`` after about 6 tokens (:func:`make_chatty`)."""
+    from pt_train.model import build_llama
+
+    out = tmp_path_factory.mktemp("chatty-model")
+    model = build_llama(tiny_tokenizer, hidden_size=128, num_layers=2, num_heads=2, seed=0)
+    make_chatty(model, tiny_tokenizer, 0.45).save_pretrained(str(out))
+    tiny_tokenizer.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def chatty_qwen_dir(tmp_path_factory, qwen_tokenizer, qwen2_model_dir):
+    """The real-shape Qwen2 model (tied head, 151k vocabulary) whose sampled turns end with
+    ``<|im_end|>`` after about 8 tokens (:func:`make_chatty`)."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("chatty-qwen")
+    model = AutoModelForCausalLM.from_pretrained(str(qwen2_model_dir))
+    make_chatty(model, qwen_tokenizer, 1.15).save_pretrained(str(out))
+    qwen_tokenizer.save_pretrained(str(out))
+    return out
+
+
 def _mixed_cache_logprobs(first, second, prompt: list[int], tokens: list[int], switch: int):
     """The log-distributions that sample ``tokens`` after ``prompt`` when HF model ``first``
     samples the first ``switch`` tokens and ``second`` the rest, the KV cache of the tokens

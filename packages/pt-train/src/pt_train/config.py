@@ -27,6 +27,7 @@ from pt_core.config import Section, changed_keys, load_config
 from pt_core.errors import ConfigError
 from pt_core.log import get_logger
 from pt_core.sampling import SamplingConfig
+from pt_rollout.episodes.config import EnvironmentConfig
 from pt_train.alarms import Bound
 from pt_train.objectives import ObjectiveConfig
 from pt_train.objectives.sft import SFTConfig
@@ -577,6 +578,8 @@ class TrainConfig(Section):
     deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
     rollout: RolloutConfig = Field(default_factory=LocalRollout)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    # the online loop's samples as episodes of an environment (pt_rollout.episodes)
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     launcher: LauncherConfig = Field(default_factory=LauncherConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -602,6 +605,26 @@ class TrainConfig(Section):
             raise ValueError(
                 f"reward.{key} has no effect: objective {self.objective.name} trains on no "
                 "reward; remove the reward section"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _environment_is_the_online_loops(self):
+        """An environment plays the online loop's episodes: without the loop, or a key of
+        it without an environment, changes nothing, and is refused."""
+        env = self.environment
+        given = env.model_dump(exclude_defaults=True)
+        if env.name is None and given:
+            key = next(iter(given))
+            raise ValueError(
+                f"environment.{key} has no effect without environment.name; set the "
+                "environment (module:Class) or remove it"
+            )
+        if env.name is not None and self.rollout.prompts is None:
+            raise ValueError(
+                f"environment.name={env.name} plays episodes in the online loop, which "
+                "rollout.prompts turns on; set rollout.prompts (the rows episodes open "
+                "from) or remove the environment section"
             )
         return self
 

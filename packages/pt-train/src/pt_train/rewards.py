@@ -23,7 +23,6 @@ closes it with the run. An objective asks for rewards by declaring ``Needs(rewar
 
 from __future__ import annotations
 
-import importlib
 import re
 import time
 
@@ -147,16 +146,10 @@ class Rewards:
 
     def _custom(self):
         if self._function is None:
-            spec = self.cfg.function
-            assert spec is not None  # called only with reward.function set
-            module, _, name = spec.partition(":")
-            try:
-                self._function = getattr(importlib.import_module(module), name)
-            except (ImportError, AttributeError, ValueError) as exc:
-                raise ConfigError(
-                    f"reward.function={spec!r} cannot be imported ({exc})",
-                    hint="give module:function, importable from where pt-train runs",
-                ) from None
+            from pt_core.objects import load_object
+
+            assert self.cfg.function is not None  # called only with reward.function set
+            self._function = load_object(self.cfg.function, key="reward.function")
         return self._function
 
     def close(self) -> None:

@@ -177,6 +177,12 @@ class RemoteGenerator:
              "params": params, "score": score}
         )  # fmt: skip
 
+    def submit_score(self, items: list, score: dict) -> int:
+        """Queue the teacher's scores of given completions: ``items`` are ``(prompt ids,
+        completion ids, ids to score at each position or None)``."""
+        return self.send({"op": "score", "items": [[list(p), list(c), a] for p, c, a in items],
+                          "score": score})  # fmt: skip
+
     def submit_load_weights(self, path: str, version: int) -> int:
         """Queue the checkpoint directory ``path``'s weights, as version ``version``; to a
         process on another node (``address``), its safetensors files themselves."""

@@ -112,6 +112,18 @@ class GeneratorPool:
         self._split(job)
         return key
 
+    def submit_score(self, items: list, score: dict) -> int:
+        """Queue the teacher's scores of given completions (``items``: ``(prompt ids,
+        completion ids, ids to score at or None)`` each) on every live process, a shard each;
+        returns the key."""
+        self._check()
+        key = self._new_key()
+        job = {"op": "score", "requests": list(items), "score": score,
+               "version": self._version, "shards": []}  # fmt: skip
+        self._jobs[key] = job
+        self._split(job)
+        return key
+
     def submit_load_weights(self, path: str, version: int) -> int:
         """Queue the checkpoint ``path`` on every live process."""
         return self._to_every_process(
@@ -228,10 +240,14 @@ class GeneratorPool:
 
     def _send(self, job: dict, shard: dict) -> None:
         index = shard["process"]
+        part = job["requests"][shard["start"] : shard["stop"]]
         try:
-            shard["key"] = self._generators[index].submit_generate(
-                job["requests"][shard["start"] : shard["stop"]], job["params"], job["score"]
-            )
+            if job["op"] == "score":
+                shard["key"] = self._generators[index].submit_score(part, job["score"])
+            else:
+                shard["key"] = self._generators[index].submit_generate(
+                    part, job["params"], job["score"]
+                )
         except OSError:  # its socket is closed: it ended, and _drop re-sends this shard
             self._drop(index)
 
@@ -352,6 +368,12 @@ class GeneratorPool:
                 f"the shards of one generation came from weight versions {sorted(versions)}; "
                 "they must agree (a bug in the generator pool)"
             )
+        if job["op"] == "score":
+            return {
+                "version": versions.pop(),
+                "scores": [s for r in replies for s in r["scores"]],
+                "score_s": max(r.get("score_s", 0.0) for r in replies),
+            }
         reply = {
             "version": versions.pop(),
             "completions": [c for r in replies for c in r["completions"]],

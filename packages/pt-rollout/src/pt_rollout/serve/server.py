@@ -81,6 +81,15 @@ class GeneratorServer:
             return self._transfer(message)
         if op == "generate":
             return self._generate(message, conn)
+        if op == "score":
+            start = time.perf_counter()
+            items = message["items"]
+            scores = self._score(
+                [p for p, _, _ in items], [c for _, c, _ in items], message["score"],
+                [a for _, _, a in items],
+            )  # fmt: skip
+            return {"version": self.version, "scores": scores,
+                    "score_s": time.perf_counter() - start}  # fmt: skip
         if op == "info":
             return self.info()
         return {"error": f"unknown op {op!r}"}
@@ -130,23 +139,29 @@ class GeneratorServer:
         }
         score = message.get("score")
         if score:
-            if self.teacher is None:
-                raise ValueError(
-                    "scores were asked of a generator process started without a teacher (--teacher)"
-                )
             start = time.perf_counter()
-            scores = self.teacher.score(
-                [r.prompt_token_ids for r in requests],
-                [c.token_ids for c in completions],
-                top_k=score.get("top_k", 0),
-                at_ids=[c.topk_ids or [] for c in completions]
-                if score.get("at_student_topk")
-                else None,
-                temperature=score.get("temperature", 1.0),
-            )
-            reply["scores"] = [s.__dict__ for s in scores]
+            reply["scores"] = self._score(
+                [r.prompt_token_ids for r in requests], [c.token_ids for c in completions],
+                score, [c.topk_ids or [] for c in completions],
+            )  # fmt: skip
             reply["score_s"] = time.perf_counter() - start
         return reply
+
+    def _score(self, prompts: list, completions: list, score: dict, at_ids: list) -> list[dict]:
+        """The teacher's scores of ``completions``, as ``score`` asks: its top-k, its
+        log-probs at ``at_ids`` (the student's top-k), at a temperature."""
+        if self.teacher is None:
+            raise ValueError(
+                "scores were asked of a generator process started without a teacher (--teacher)"
+            )
+        scores = self.teacher.score(
+            prompts,
+            completions,
+            top_k=score.get("top_k", 0),
+            at_ids=at_ids if score.get("at_student_topk") else None,
+            temperature=score.get("temperature", 1.0),
+        )
+        return [s.__dict__ for s in scores]
 
     def _transfer(self, message: dict) -> dict:
         """One call of vLLM's weight-transfer handshake; the reply's fields."""

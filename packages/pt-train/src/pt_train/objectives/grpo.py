@@ -357,6 +357,13 @@ class GRPO(Objective):
             )
         self.max_tokens = rollout.max_tokens
         cfg = self.cfg
+        if train_cfg.environment.name is not None and cfg.overlong.buffer > 0:
+            raise ConfigError(
+                f"objective.overlong.buffer={cfg.overlong.buffer} shapes the reward by a "
+                "completion's length against rollout.max_tokens, and an episode's ids are "
+                "several turns and an environment's answers: it has no meaning there",
+                hint="remove objective.overlong (cap an episode with environment.max_tokens)",
+            )
         if rollout.updates_per_round * rollout.epochs_per_round == 1:
             # The weights a round's samples are trained against are the current ones: the
             # ratio is 1, nothing is clipped.

@@ -56,13 +56,23 @@ SEQUENCE_COLUMNS = {
 class RolloutSample:
     prompt: np.ndarray
     completion: np.ndarray
-    tokens: dict[str, np.ndarray] = field(default_factory=dict)  # per completion token
+    tokens: dict[str, np.ndarray] = field(default_factory=dict)  # per trained token
     sequence: dict[str, float] = field(default_factory=dict)  # per sequence
+    # 1 where the policy sampled the completion token (trained), 0 where an environment's
+    # turn put it (in the context, not trained); None: every completion token is trained
+    mask: np.ndarray | None = None
+
+    @property
+    def labels(self) -> np.ndarray:
+        """The completion's labels: its ids, but the environment's tokens not trained."""
+        if self.mask is None:
+            return self.completion
+        return np.where(self.mask.astype(bool), self.completion, IGNORE_INDEX)
 
     def row(self) -> Row:
         ids = np.concatenate([self.prompt, self.completion])
         labels = np.concatenate(
-            [np.full(len(self.prompt), IGNORE_INDEX, dtype=np.int64), self.completion]
+            [np.full(len(self.prompt), IGNORE_INDEX, dtype=np.int64), self.labels]
         )
         return Row(ids, labels, np.arange(len(ids)))
 
@@ -112,7 +122,7 @@ def shared_prompt_rows(samples: list[RolloutSample], max_length: int | None = No
             for sample in group:
                 n = len(sample.completion)
                 ids.append(np.concatenate([prompt[-1:], sample.completion]))
-                labels.append(np.concatenate([[IGNORE_INDEX], sample.completion]))
+                labels.append(np.concatenate([[IGNORE_INDEX], sample.labels]))
                 positions.append(np.arange(start, start + n + 1))
             rows.append(
                 Row(
@@ -127,7 +137,8 @@ def shared_prompt_rows(samples: list[RolloutSample], max_length: int | None = No
 
 def sample_from_row(row: dict, where: str, columns: Sequence[str] = ()) -> RolloutSample:
     """One rollout/score row as a sample; ``columns`` are the token and sequence columns
-    to keep (others are left out)."""
+    to keep (others are left out). A row with ``completion_mask`` (an episode's) trains the
+    completion tokens marked 1, and its token columns are kept at those tokens."""
     for key in ("prompt_token_ids", "completion_token_ids"):
         value = row.get(key)
         if not isinstance(value, list | np.ndarray) or len(value) == 0:
@@ -137,17 +148,28 @@ def sample_from_row(row: dict, where: str, columns: Sequence[str] = ()) -> Rollo
             )
     prompt = np.asarray(row["prompt_token_ids"], dtype=np.int64)
     completion = np.asarray(row["completion_token_ids"], dtype=np.int64)
-    sample = RolloutSample(prompt, completion)
+    mask = completion_mask(row, len(completion), where)
+    sample = RolloutSample(prompt, completion, mask=mask)
     for column in columns:
         if column in TOKEN_COLUMNS:
             key, dtype = TOKEN_COLUMNS[column]
+            given = row[column]
+            if isinstance(given, list | np.ndarray) and len(given) != len(completion):
+                raise InputError(
+                    f"{where}: {column!r} has {len(given)} entries for {len(completion)} "
+                    "completion tokens",
+                    hint="score and generate the same rollouts; do not edit the token columns",
+                )
+            if mask is not None and isinstance(given, list | np.ndarray):
+                given = [v for v, m in zip(given, mask, strict=True) if m]  # the trained
             try:
-                values = np.asarray(row[column], dtype=dtype)
+                values = np.asarray(given, dtype=dtype)
             except (TypeError, ValueError):
                 raise InputError(
                     f"{where}: {column!r} is not a list of numbers of one length per token"
                 ) from None
-            if values.shape[:1] != (len(completion),):
+            trained = int(mask.sum()) if mask is not None else len(completion)
+            if values.shape[:1] != (trained,):
                 raise InputError(
                     f"{where}: {column!r} has {values.shape[0] if values.ndim else 0} entries "
                     f"for {len(completion)} completion tokens",
@@ -157,6 +179,22 @@ def sample_from_row(row: dict, where: str, columns: Sequence[str] = ()) -> Rollo
         elif column in SEQUENCE_COLUMNS:
             sample.sequence[SEQUENCE_COLUMNS[column]] = float(row[column])
     return sample
+
+
+def completion_mask(row: dict, length: int, where: str) -> np.ndarray | None:
+    """A row's ``completion_mask`` (1: trained, 0: an environment's token), checked: one
+    entry per completion token, each 0 or 1, at least one 1; None where it has none."""
+    given = row.get("completion_mask")
+    if given is None:
+        return None
+    mask = np.asarray(given)
+    if mask.shape != (length,) or not np.isin(mask, (0, 1)).all() or not mask.any():
+        raise InputError(
+            f"{where}: 'completion_mask' must hold a 0 or 1 for each of the {length} "
+            "completion tokens, with at least one 1",
+            hint="give the episode rows pt-rollout generate --env writes as they are",
+        )
+    return mask.astype(np.int64)
 
 
 def load_rollouts(data_cfg, path, required: Mapping[str, str]) -> list[RolloutSample]:

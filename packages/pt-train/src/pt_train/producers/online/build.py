@@ -33,10 +33,24 @@ class RoundBuilder:
             for request, completion, score in zip(requests, made.completions, scores, strict=True)
         ]
 
+    def _episode_row(self, index: int, request: SampleRequest, episode) -> dict:
+        """An episode's row: the versions of its policy tokens (``token_weight_version``),
+        ``weight_version`` that of its first."""
+        from pt_rollout.episodes import episode_row
+
+        row = episode_row(episode, extra={"round": index, "group": request.group})
+        versions = [v for v, m in zip(episode.token_versions, episode.mask, strict=True) if m]
+        row["weight_version"] = versions[0] if versions else episode.turns[0]["weight_version"]
+        row[TOKEN_WEIGHT_VERSION] = versions
+        return row
+
     def _row(self, index: int, request: SampleRequest, completion, score, version: int) -> dict:
         from pt_rollout.columns import field_of
+        from pt_rollout.episodes import Episode
         from pt_rollout.generate import rollout_row
 
+        if isinstance(completion, Episode):
+            return self._scored(self._episode_row(index, request, completion), score)
         row = rollout_row(
             request.prompt, request.sample, request.request.prompt_token_ids, completion,
             self.tokenizer, list(self.rollout.stop), logprobs=True,
@@ -48,6 +62,9 @@ class RoundBuilder:
             row[TOKEN_WEIGHT_VERSION] = token_versions
             if token_versions:  # the weights of its first token
                 row["weight_version"] = token_versions[0]
+        return self._scored(row, score)
+
+    def _scored(self, row: dict, score) -> dict:
         if score is not None:
             assert self.score is not None  # scores come where the run asks for them
             row.update(score_columns(score, top_k=self.score["top_k"],
@@ -55,8 +72,12 @@ class RoundBuilder:
         return row
 
     def prepare(self, rows: list[dict]) -> dict:
-        """Rewards (when declared), then the objective's columns of the whole round."""
+        """Rewards (an episode's environment's, plus the reward component's where the run
+        has one), then the objective's columns of the whole round."""
         metrics = self.rewards(rows) if self.rewards is not None else {}
+        for row in rows:
+            if "env_reward" in row:
+                row["reward"] = row.get("reward", 0.0) + row["env_reward"]
         self.objective.prepare_round(rows)
         return metrics
 

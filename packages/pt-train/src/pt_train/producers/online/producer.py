@@ -27,6 +27,7 @@ ends with the weights of an uninterrupted run.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -81,15 +82,24 @@ class OnlineProducer(Producer):
         score = score_request(self.needs)
         self.context = GeneratorContext(cfg, self.needs, tokenizer, self.weights,
                                         self._sampling(), score)  # fmt: skip
+        # episodes of an environment (rank 0's: it makes the rounds), whose rewards are
+        # the environment's, plus the reward component's where the config sets one
+        self.episodes = None
+        if cfg.environment.name is not None and env.is_main:
+            from pt_train.producers.online.episodes import EpisodeRounds
+
+            self.episodes = EpisodeRounds(cfg, tokenizer)
         self.rewards = None
-        if self.needs.reward:
+        given = cfg.reward.model_dump(exclude_defaults=True)
+        if self.needs.reward and (cfg.environment.name is None or given):
             from pt_train.rewards import Rewards
 
             self.rewards = Rewards(cfg.reward)
         self.builder = RoundBuilder(r, objective, self.rewards, tokenizer, self.prompts,
                                     self.prompts_per_round, score)  # fmt: skip
         self.generator = None  # rank 0's, built at the first round it makes
-        self.pending: dict[int, int] = {}  # round -> the generator's key
+        # round -> the generator's key (or, for episodes, the job of their turns)
+        self.pending: dict[int, Any] = {}
         self.dropped_stale = 0
         self.version = 0  # optimizer updates so far
         if r.generator == "server" and r.server_addresses is not None and env.is_main:
@@ -210,7 +220,7 @@ class OnlineProducer(Producer):
             self.store.save_old_logps(index, parts)
             values = [part.numpy() for part in parts]
         for row, value in zip(mine, values, strict=True):
-            row["old_logprobs"] = value
+            row["old_logprobs"] = per_completion_token(value, row.get("completion_mask"))
 
     def after_step(self, step: int) -> dict:
         rows = self._step_rows
@@ -330,7 +340,7 @@ class OnlineProducer(Producer):
         if self.schedule.in_flight:  # the newest weights reach the round while it is generated
             generator.push(self.version)
         while True:
-            made = generator.wait(self.pending.pop(index))
+            made = self._wait(generator, self.pending.pop(index))
             if not self.schedule.drops(index, made.version):
                 break
             self.dropped_stale += 1
@@ -340,7 +350,7 @@ class OnlineProducer(Producer):
                 index, self.schedule.staleness(index, made.version), self.schedule.max_staleness,
             )  # fmt: skip
             generator.push(self.version)
-            self.pending[index] = generator.submit(self._requests(index))
+            self.pending[index] = self._submit(generator, self.prompts.round(index))
         if self.schedule.kind == "async" and keep_ahead:
             self._top_up(index + 1)  # keep the generator busy as far as staleness allows
         return made
@@ -358,18 +368,37 @@ class OnlineProducer(Producer):
         generator = self._generator()
         generator.push(self.version)
         for w in todo:
-            self.pending[w] = generator.submit(self._requests(w))
+            self.pending[w] = self._submit(generator, self.prompts.round(w))
 
     def _generate_now(self, requests: list[SampleRequest]) -> Generation:
         """Generate (and score) ``requests`` at once with the current weights."""
         generator = self._generator()
         generator.push(self.version)
-        return generator.wait(generator.submit([s.request for s in requests]))
+        return self._wait(generator, self._submit(generator, requests))
 
-    def _requests(self, index: int) -> list:
-        return [s.request for s in self.prompts.round(index)]
+    def _submit(self, generator, requests: list[SampleRequest]):
+        """Ask for ``requests``: their completions, or their episodes' first turns."""
+        if self.episodes is not None:
+            return self.episodes.submit(generator, requests)
+        return generator.submit([s.request for s in requests])
+
+    def _wait(self, generator, pending) -> Generation:
+        """What was asked for: the completions, or the episodes played to their end."""
+        if self.episodes is not None:
+            return self.episodes.finish(pending, generator, lambda: self.version)
+        return generator.wait(pending)
 
     def _generator(self):
         if self.generator is None:
             self.generator = make_generator(self.context)
         return self.generator
+
+
+def per_completion_token(trained: np.ndarray, mask: list[int] | None) -> np.ndarray:
+    """Values of a row's trained tokens laid out per completion token, NaN at an
+    environment's tokens (which are not trained), as every token column of a row is."""
+    if mask is None:
+        return trained
+    out = np.full(len(mask), np.nan)
+    out[np.asarray(mask, dtype=bool)] = trained
+    return out

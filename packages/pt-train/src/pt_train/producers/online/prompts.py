@@ -23,12 +23,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class SampleRequest:
     """One sample to generate: its prompt row, its index among the prompt's samples, the
-    engine request, and its group (the samples of one prompt in one round)."""
+    engine request, its group (the samples of one prompt in one round) and the key its
+    seeds derive from (with the prompt's id and the sample)."""
 
     prompt: PromptRow
     sample: int
     request: Request
     group: str
+    seed_key: list
 
 
 class PromptStream:
@@ -79,6 +81,6 @@ class PromptStream:
         return [
             SampleRequest(prompt, sample,
                           Request(self._token_ids[position],
-                                  sample_seed(self.rollout.seed, key, sample)), group)
+                                  sample_seed(self.rollout.seed, key, sample)), group, seed_key)
             for sample in range(self.rollout.samples_per_prompt)
         ]  # fmt: skip

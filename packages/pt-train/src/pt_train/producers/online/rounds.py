@@ -111,4 +111,12 @@ def round_figures(rows: list[dict]) -> dict:
     if "group_all_equal" in rows[0]:
         equal = {r["group"]: r["group_all_equal"] for r in rows}
         figures["groups_all_equal"] = float(np.mean(list(equal.values())))
+    if "completion_mask" in rows[0]:  # episodes: the means of a round's
+        figures["turns"] = float(np.mean([r["num_turns"] for r in rows]))
+        figures["episode_tokens"] = float(np.mean([len(r["completion_mask"]) for r in rows]))
+        figures["policy_tokens"] = float(np.mean([sum(r["completion_mask"]) for r in rows]))
+        figures["env_reward"] = float(np.mean([r["env_reward"] for r in rows]))
+        for name in ("tool_calls", "tool_errors", "parse_failures"):
+            if any(name in r for r in rows):
+                figures[name] = float(np.mean([r.get(name, 0) for r in rows]))
     return figures

@@ -3,6 +3,7 @@
     generator.push(version)      the policy's current weights, as that version, unless it has them
     key = generator.submit(reqs) generate (and score) with the weights pushed last
     generator.wait(key)          -> Generation: completions, scores, the weight version
+    generator.score(items)       the teacher's scores of given completions (an episode's)
     generator.round_metrics()    the cost since the last call (weight_push_s, ...)
     generator.close()
 
@@ -87,6 +88,8 @@ class Generator(Protocol):
     def submit(self, requests: list) -> int: ...
 
     def wait(self, key: int) -> Generation: ...
+
+    def score(self, items: list) -> tuple[list | None, float]: ...
 
     def round_metrics(self) -> dict: ...
 

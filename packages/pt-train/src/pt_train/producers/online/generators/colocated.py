@@ -59,9 +59,9 @@ class ColocatedGenerator(InProcessGenerator):
         generate_s = time.perf_counter() - start
         if self.sleep_level:
             self._sleep()
-        generated = Generation(completions, self.wanted, generate_s=generate_s)
-        generated.scores, generated.score_s = self.teacher.score(requests, completions)
-        return generated
+        return self._scored(
+            requests, completions, Generation(completions, self.wanted, generate_s=generate_s)
+        )
 
     def round_metrics(self) -> dict:
         out = {"weight_push_s": round(self.pushes.push_seconds if self.pushes else 0.0, 3)}

@@ -21,19 +21,18 @@ class InProcessTeacher:
         self.request = score
         self._engine = None
 
-    def score(self, requests, completions) -> tuple[list | None, float]:
-        """The scores of ``completions`` (of ``requests``) and the seconds they took."""
+    def score(self, items: list) -> tuple[list | None, float]:
+        """The scores of given completions (``items``: ``(prompt ids, completion ids, the
+        student's top-k ids or None)``) and the seconds they took."""
         if self.request is None:
             return None, 0.0
         start = time.perf_counter()
         with torch.inference_mode():
             scores = self._teacher().score(
-                [r.prompt_token_ids for r in requests],
-                [c.token_ids for c in completions],
+                [p for p, _, _ in items],
+                [c for _, c, _ in items],
                 top_k=self.request["top_k"],
-                at_ids=[c.topk_ids for c in completions]
-                if self.request["at_student_topk"]
-                else None,
+                at_ids=[a for _, _, a in items] if self.request["at_student_topk"] else None,
                 temperature=self.request["temperature"],
             )
         return scores, time.perf_counter() - start
@@ -70,6 +69,19 @@ class InProcessGenerator:
 
     def wait(self, key: int) -> Generation:
         return self._done.pop(key)
+
+    def score(self, items: list) -> tuple[list | None, float]:
+        return self.teacher.score(items)
+
+    def _scored(self, requests: list, completions: list, generated: Generation) -> Generation:
+        """``generated`` with the teacher's scores of its completions, where the run asks."""
+        generated.scores, generated.score_s = self.teacher.score(
+            [
+                (r.prompt_token_ids, c.token_ids, c.topk_ids)
+                for r, c in zip(requests, completions, strict=True)
+            ]
+        )
+        return generated
 
     def _generate(self, requests: list) -> Generation:
         raise NotImplementedError

@@ -30,8 +30,7 @@ class LocalGenerator(InProcessGenerator):
         start = time.perf_counter()
         completions = self.engine.generate(requests, SamplingParams(**self.context.sampling))
         generated = Generation(completions, self.version, generate_s=time.perf_counter() - start)
-        generated.scores, generated.score_s = self.teacher.score(requests, completions)
-        return generated
+        return self._scored(requests, completions, generated)
 
     def round_metrics(self) -> dict:
         return {"weight_push_s": 0.0}

@@ -55,6 +55,14 @@ class ServerGenerator:
             score_s=reply.get("score_s", 0.0),
         )
 
+    def score(self, items: list) -> tuple[list | None, float]:
+        """The teacher's scores of given completions, from the processes' teacher."""
+        if self.context.score is None:
+            return None, 0.0
+        assert self.pool is not None, "push before the first request"
+        reply = self.pool.wait(self.pool.submit_score(items, self.context.score))
+        return [dict(s) for s in reply["scores"]], reply.get("score_s", 0.0)
+
     def round_metrics(self) -> dict:
         pushes = self.pushes
         out = {

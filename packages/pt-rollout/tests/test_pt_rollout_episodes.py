@@ -1,0 +1,197 @@
+"""Episodes, token in, token out: the ids after an episode's prompt are the ids the policy
+sampled, id for id, with the template's text between turns appended after them as ids of
+its own, and a mask that marks which are the policy's."""
+
+from __future__ import annotations
+
+import pytest
+
+from pt_core.errors import ConfigError, RunFailure
+from pt_rollout.engines import Completion, Request, SamplingParams
+from pt_rollout.episodes import Environment, EpisodeRunner, TurnTemplate, episode_row
+
+# A template that drops the <think> block of every assistant turn before the last user
+# turn, as Qwen3's does: rendering an episode again would change its earlier turns.
+THINK_DROPPING = (
+    "{% set ns = namespace(last_user=0) %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}"
+    "{% endif %}{% endfor %}"
+    "{% for m in messages %}"
+    "{% set content = m['content'] %}"
+    "{% if m['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + content + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_the_ids_between_two_turns_are_the_templates_text_there(tiny_tokenizer):
+    """After ChatML's ``<|im_end|>`` (the policy samples it), the template writes a
+    newline, the answer's turn and the next generation prompt; a tool's answer is a user
+    turn in <tool_response> tags (the tools-aware ChatML pt-data writes)."""
+    template = TurnTemplate(tiny_tokenizer)
+    assert template.end_text == "<|im_end|>" and template.after_turn == "\n"
+    said = template.append([{"role": "user", "content": "higher"}])
+    assert (
+        tiny_tokenizer.decode(said)
+        == "\n<|im_start|>user\nhigher<|im_end|>\n<|im_start|>assistant\n"
+    )
+    tool = template.append([{"role": "tool", "content": "42"}])
+    assert tiny_tokenizer.decode(tool) == (
+        "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_a_template_that_cannot_be_continued_is_refused_at_start(tiny_tokenizer):
+    """A template that writes an assistant turn whole only while it is the last message
+    (a summary in its place once the conversation goes on) renders the turns before a new
+    message otherwise once it is added: refused before any episode, with the fix."""
+    summarizing = (
+        "{% for m in messages %}"
+        "{% if m['role'] == 'assistant' and not loop.last %}"
+        "{{ '<|im_start|>assistant\\n(earlier reply)<|im_end|>\\n' }}"
+        "{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+        "{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    tokenizer = type(tiny_tokenizer).from_pretrained(tiny_tokenizer.name_or_path)
+    tokenizer.chat_template = summarizing
+    template = TurnTemplate(tokenizer)  # a turn, as the policy samples it, renders alike
+    with pytest.raises(ConfigError) as refused:
+        template.check()
+    assert "the episode's earlier tokens would change" in str(refused.value)
+    assert "only appends" in (refused.value.hint or "")
+
+
+def scripted(tokenizer, texts: list[str]) -> list[Completion]:
+    """The completions of one turn each: ``texts`` as the policy's ids, each ending with
+    the end-of-turn token (what a model that closes its turn samples)."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return [
+        Completion(tokenizer(t, add_special_tokens=False).input_ids + [end], "stop") for t in texts
+    ]
+
+
+def test_a_template_that_drops_earlier_thinking_does_not_change_the_ids_sampled(
+    tiny_tokenizer, monkeypatch
+):
+    """Two turns with <think> blocks under a template that drops them from earlier turns:
+    the episode's ids are turn 1's ids, the answer's ids, turn 2's ids, so turn 1 keeps its
+    thinking; rendering the conversation again (what this avoids) drops it."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    tokenizer = type(tiny_tokenizer).from_pretrained(tiny_tokenizer.name_or_path)
+    tokenizer.chat_template = THINK_DROPPING
+    template = TurnTemplate(tokenizer)
+    runner = EpisodeRunner(Environment("episode_envs:Guess"), template, max_turns=4,
+                           max_tokens=512, seed=0)  # fmt: skip
+    row = type("Row", (), {"id": 1, "prompt": "guess", "columns": {"secret": 9}})()
+    episode = runner.start(row, 0)
+    turns = scripted(tokenizer, ["<think>\nsmall first\n</think>\n5", "<think>\nup\n</think>\n9"])
+    for turn in turns:
+        runner.advance([episode], [turn], version=3)
+    assert episode.stop_reason == "done" and episode.rewards == [0.0, 1.0]
+    answer = template.append([{"role": "user", "content": "higher"}])
+    assert episode.ids == turns[0].token_ids + answer + turns[1].token_ids
+    assert episode.mask == [1] * len(turns[0].token_ids) + [0] * len(answer) + [1] * len(
+        turns[1].token_ids
+    )
+    policy = [episode.ids[t["start"] : t["end"]] for t in episode.turns if t["role"] == "policy"]
+    assert [tokenizer.decode(p) for p in policy] == [
+        "<think>\nsmall first\n</think>\n5<|im_end|>",
+        "<think>\nup\n</think>\n9<|im_end|>",
+    ]
+    rendered = tokenizer(
+        template.render(episode.messages[:-1], generation=False), add_special_tokens=False
+    ).input_ids
+    assert "small first" not in tokenizer.decode(rendered)  # what a re-rendering trains
+
+
+def guess_rows(count: int) -> list:
+    from pt_rollout.prompts import PromptRow
+
+    return [PromptRow(i, "guess", {"id": i, "secret": 3 + i % 5}, i) for i in range(count)]
+
+
+@pytest.mark.slow  # the 151k-vocabulary model's turns on the HF engine
+def test_the_ids_trained_are_the_ids_sampled_on_the_real_shape_qwen(
+    chatty_qwen_dir, qwen_tokenizer, monkeypatch
+):
+    """Episodes of the Guess environment sampled by the HF engine from the real-shape Qwen2
+    (its own ChatML with a default system turn, the tools listed): every policy span of an
+    episode is the ids the engine returned for that turn, every other span the template's
+    ids for the environment's answer, and the trainer's labels are exactly the policy's
+    ids (the rest ignored)."""
+    from pathlib import Path
+
+    from pt_rollout.engines.hf import HFEngine
+    from pt_train.producers.rollouts import sample_from_row
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    tools = [{"type": "function", "function": {"name": "hint", "description": "A hint.",
+                                               "parameters": {"type": "object", "properties": {}}}}]  # fmt: skip
+    template = TurnTemplate(qwen_tokenizer, tools=tools)
+    runner = EpisodeRunner(Environment("episode_envs:Guess", {"high": 9}), template,
+                           max_turns=4, max_tokens=256, seed=7)  # fmt: skip
+    engine = HFEngine(str(chatty_qwen_dir))
+    sampled: dict[int, list[list[int]]] = {}
+    episodes = [runner.start(row, s) for row in guess_rows(3) for s in range(2)]
+    params = SamplingParams(temperature=1.0, max_tokens=16, logprobs=True,
+                            stop_token_ids=(template.end_of_turn,))  # fmt: skip
+
+    def generate(requests: list[Request]):
+        completions = engine.generate(requests, params)
+        for episode, c in zip([e for e in episodes if not e.done], completions, strict=True):
+            sampled.setdefault(id(episode), []).append(list(c.token_ids))
+        return completions, 0
+
+    runner.run(episodes, generate)
+    assert sum(e.policy_turns > 1 for e in episodes) >= 3, [e.stop_reason for e in episodes]
+    assert all(e.stop_reason in ("done", "max_turns", "turn_length") for e in episodes)
+    for episode in episodes:
+        policy = [t for t in episode.turns if t["role"] == "policy"]
+        assert [episode.ids[t["start"] : t["end"]] for t in policy] == sampled[id(episode)]
+        envs = [t for t in episode.turns if t["role"] == "environment"]
+        answers = [m for m in episode.messages[1:] if m["role"] == "user"]
+        for span, answer in zip(envs, answers, strict=False):
+            assert episode.ids[span["start"] : span["end"]] == template.append([answer])
+        row = episode_row(episode)
+        sample = sample_from_row(row, "episode", ["completion_logprobs"])
+        trained = [int(t) for t in sample.labels if t != -100]
+        assert trained == [i for turn in sampled[id(episode)] for i in turn]
+        assert len(sample.tokens["rollout_logps"]) == len(trained)
+
+
+def test_an_error_in_the_environment_names_the_episode_and_the_turn(tiny_tokenizer, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    runner = EpisodeRunner(Environment("episode_envs:Broken"), TurnTemplate(tiny_tokenizer),
+                           max_turns=4, max_tokens=256, seed=0)  # fmt: skip
+    episode = runner.start(guess_rows(1)[0], 0)
+    runner.advance([episode], scripted(tiny_tokenizer, ["one"]), version=0)
+    with pytest.raises(RunFailure) as failed:
+        runner.advance([episode], scripted(tiny_tokenizer, ["two"]), version=0)
+    message = failed.value.message
+    assert message.startswith(
+        "environment episode_envs:Broken: step of episode 0 (sample 0), turn 2 raised "
+        "KeyError: 'score' at "
+    )
+    source = (Path(__file__).parent / "episode_envs.py").read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if 'raise KeyError("score")' in text)
+    assert message.endswith(f"episode_envs.py:{line}")
+
+
+def test_an_environment_that_is_not_one_is_refused_with_the_key(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    with pytest.raises(ConfigError, match="has no Guesss"):
+        Environment("episode_envs:Guesss")
+    with pytest.raises(ConfigError, match="cannot be built from environment.options"):
+        Environment("episode_envs:Guess", {"lowest": 3})
+    with pytest.raises(ConfigError, match="does not name a class"):
+        Environment("episode_envs")
