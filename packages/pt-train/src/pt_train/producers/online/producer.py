@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from pt_core.errors import ConfigError
 from pt_core.log import get_logger
 from pt_train.batch import Batch
 from pt_train.distributed import DistEnv, barrier
@@ -47,8 +46,8 @@ from pt_train.producers.online.generators import (
 )
 from pt_train.producers.online.prompts import PromptStream, SampleRequest
 from pt_train.producers.online.push import CurrentWeights
-from pt_train.producers.online.rounds import RoundStore, round_figures
-from pt_train.producers.online.schedule import Schedule
+from pt_train.producers.online.rounds import RoundStore, per_completion_token, round_figures
+from pt_train.producers.online.schedule import Schedule, round_layout
 from pt_train.producers.rollouts import (
     SEQUENCE_COLUMNS,
     TOKEN_COLUMNS,
@@ -69,7 +68,7 @@ class OnlineProducer(Producer):
         self.tokenizer = tokenizer
         self.policy = policy
         training = cfg.training
-        self.minibatches, self.updates = self._layout(cfg)
+        self.minibatches, self.updates = round_layout(cfg)
         self.rows_per_step = training.global_batch_size
         self.prompts_per_round = self.rows_per_step * self.minibatches // r.samples_per_prompt
         self.num_rows = self.rows_per_step * training.max_steps  # rows trained, epochs counted
@@ -108,43 +107,6 @@ class OnlineProducer(Producer):
             from pt_train.producers.online.generators.listening import check_early
 
             check_early(self.context)
-
-    @staticmethod
-    def _layout(cfg) -> tuple[int, int]:
-        """Mini-batches per round and optimizer steps per round, checked against the run's
-        length and batch."""
-        r, training = cfg.rollout, cfg.training
-        if training.max_steps is None:
-            raise ConfigError(
-                "the online loop runs training.max_steps optimizer steps; other training "
-                "lengths count fixed rows",
-                hint="set training.max_steps (rounds = max_steps / (rollout.updates_per_round "
-                "x rollout.epochs_per_round))",
-            )
-        updates = r.updates_per_round * r.epochs_per_round
-        if training.max_steps % updates:
-            raise ConfigError(
-                f"training.max_steps={training.max_steps} is not a whole number of rounds of "
-                f"{updates} steps (rollout.updates_per_round={r.updates_per_round} x "
-                f"rollout.epochs_per_round={r.epochs_per_round})",
-                hint="make max_steps a multiple of updates_per_round x epochs_per_round",
-            )
-        rows_per_round = training.global_batch_size * r.updates_per_round
-        if rows_per_round % r.samples_per_prompt:
-            raise ConfigError(
-                f"a round of {rows_per_round} rows (training.global_batch_size x "
-                f"rollout.updates_per_round) is not a whole number of prompts of "
-                f"rollout.samples_per_prompt={r.samples_per_prompt}",
-                hint="make global_batch_size x updates_per_round a multiple of samples_per_prompt",
-            )
-        prompts = rows_per_round // r.samples_per_prompt
-        if r.prompts_per_round is not None and r.prompts_per_round != prompts:
-            raise ConfigError(
-                f"rollout.prompts_per_round={r.prompts_per_round}, but global_batch_size x "
-                f"updates_per_round / samples_per_prompt = {prompts}",
-                hint="leave prompts_per_round unset, or change global_batch_size",
-            )
-        return r.updates_per_round, updates
 
     def _sampling(self) -> dict:
         """How every sample of the run is drawn, as it crosses a socket."""
@@ -392,13 +354,3 @@ class OnlineProducer(Producer):
         if self.generator is None:
             self.generator = make_generator(self.context)
         return self.generator
-
-
-def per_completion_token(trained: np.ndarray, mask: list[int] | None) -> np.ndarray:
-    """Values of a row's trained tokens laid out per completion token, NaN at an
-    environment's tokens (which are not trained), as every token column of a row is."""
-    if mask is None:
-        return trained
-    out = np.full(len(mask), np.nan)
-    out[np.asarray(mask, dtype=bool)] = trained
-    return out

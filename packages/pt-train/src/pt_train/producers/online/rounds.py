@@ -120,3 +120,13 @@ def round_figures(rows: list[dict]) -> dict:
             if any(name in r for r in rows):
                 figures[name] = float(np.mean([r.get(name, 0) for r in rows]))
     return figures
+
+
+def per_completion_token(trained: np.ndarray, mask: list[int] | None) -> np.ndarray:
+    """Values of a row's trained tokens laid out per completion token, NaN at an
+    environment's tokens (which are not trained), as every token column of a row is."""
+    if mask is None:
+        return trained
+    out = np.full(len(mask), np.nan)
+    out[np.asarray(mask, dtype=bool)] = trained
+    return out

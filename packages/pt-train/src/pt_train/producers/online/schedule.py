@@ -17,6 +17,8 @@ training starts from: 0 for ``sync``, ``N x U`` in the steady state of ``step_of
 
 from __future__ import annotations
 
+from pt_core.errors import ConfigError
+
 
 class Schedule:
     def __init__(self, rollout, updates_per_round: int, rounds: int):
@@ -59,3 +61,40 @@ class Schedule:
             and self.staleness(index, version) > self.max_staleness
             and self.stale == "drop"
         )
+
+
+def round_layout(cfg) -> tuple[int, int]:
+    """Mini-batches per round and optimizer steps per round, checked against the run's
+    length and batch."""
+    r, training = cfg.rollout, cfg.training
+    if training.max_steps is None:
+        raise ConfigError(
+            "the online loop runs training.max_steps optimizer steps; other training "
+            "lengths count fixed rows",
+            hint="set training.max_steps (rounds = max_steps / (rollout.updates_per_round "
+            "x rollout.epochs_per_round))",
+        )
+    updates = r.updates_per_round * r.epochs_per_round
+    if training.max_steps % updates:
+        raise ConfigError(
+            f"training.max_steps={training.max_steps} is not a whole number of rounds of "
+            f"{updates} steps (rollout.updates_per_round={r.updates_per_round} x "
+            f"rollout.epochs_per_round={r.epochs_per_round})",
+            hint="make max_steps a multiple of updates_per_round x epochs_per_round",
+        )
+    rows_per_round = training.global_batch_size * r.updates_per_round
+    if rows_per_round % r.samples_per_prompt:
+        raise ConfigError(
+            f"a round of {rows_per_round} rows (training.global_batch_size x "
+            f"rollout.updates_per_round) is not a whole number of prompts of "
+            f"rollout.samples_per_prompt={r.samples_per_prompt}",
+            hint="make global_batch_size x updates_per_round a multiple of samples_per_prompt",
+        )
+    prompts = rows_per_round // r.samples_per_prompt
+    if r.prompts_per_round is not None and r.prompts_per_round != prompts:
+        raise ConfigError(
+            f"rollout.prompts_per_round={r.prompts_per_round}, but global_batch_size x "
+            f"updates_per_round / samples_per_prompt = {prompts}",
+            hint="leave prompts_per_round unset, or change global_batch_size",
+        )
+    return r.updates_per_round, updates
