@@ -187,3 +187,34 @@ def test_inspect_tokenized_shows_tool_chats(tmp_path, cli, qwen_tokenizer, qwen_
     }
     assert record["row"]["messages"][2]["tool_call_id"] == "call_1"
     assert record["row"]["messages"][3]["content"] == "It is 18 C and clear."
+
+
+def test_inspect_shows_an_episode_with_the_environments_tokens_not_trained(
+    tmp_path, cli, tiny_tokenizer, tiny_tokenizer_dir
+):
+    """An episode row (pt-rollout generate --env): its prompt and every id after it, the
+    policy's turns trained and highlighted, the environment's answer between them not; the
+    rows record no tokenizer, so one is asked for."""
+    from pt_core.files import write_rows
+
+    ids = lambda text: tiny_tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+    turn1, answer, turn2 = (
+        ids("5<|im_end|>"),
+        ids("\n<|im_start|>user\nhigher<|im_end|>\n"),
+        ids("9<|im_end|>"),
+    )
+    row = {"id": 3, "sample": 0, "prompt_token_ids": ids("<|im_start|>user\nguess<|im_end|>\n"),
+           "completion_token_ids": turn1 + answer + turn2,
+           "completion_mask": [1] * len(turn1) + [0] * len(answer) + [1] * len(turn2),
+           "num_turns": 2, "finish_reason": "done"}  # fmt: skip
+    rows = write_rows(tmp_path / "episodes.jsonl", [row])
+    wide = {"COLUMNS": "400"}
+    proc = cli("pt-data", "inspect", rows, "--tokenizer", tiny_tokenizer_dir, "--json", env=wide)
+    assert "episode 3, sample 0, 2 turns, ended done" in proc.stderr
+    (record,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert trained_runs(tiny_tokenizer, record["input_ids"], record["labels"]) == [
+        "5<|im_end|>",
+        "9<|im_end|>",
+    ]
+    refused = cli("pt-data", "inspect", rows, check=False)
+    assert refused.returncode == 2 and "record no tokenizer" in refused.stderr

@@ -112,7 +112,7 @@ def inspect(
             raise InputError(
                 f"overrides ({' '.join(overrides)}) apply to a config; {target} is a dataset"
             )
-        path, _ = resolve_input(target, expected=("dataset",))
+        path, _ = resolve_input(target, expected=("dataset", "rollouts"))
         tok = None
         if tokenizer is not None:
             from pt_data.build import load_tokenizer

@@ -165,7 +165,14 @@ def inspect_dataset(
                 key=f"{Path(p) / 'dataset.json'}: tokenizer.name_or_path",
                 hint="pass --tokenizer DIR (the model's tokenizer directory)",
             )
-        if pair:
+        if "completion_mask" in row:
+            if tokenizer is None:
+                raise InputError(
+                    f"{p}: episode rows (completion_mask) record no tokenizer",
+                    hint="pass --tokenizer DIR (the model's tokenizer directory)",
+                )
+            records.append(episode_record(row, f"{split} row {k}", tokenizer))
+        elif pair:
             records.append({"source": f"{split} row {k}", "pair": row, "tokenizer": tokenizer})
         elif "input_ids" in row:
             records.append({"source": f"{split} row {k}", **row, "tokenizer": tokenizer})
@@ -174,6 +181,21 @@ def inspect_dataset(
     if not records:
         raise InputError(f"{p}: no rows to show", hint="check the path and the --split")
     return records, tokenizer
+
+
+def episode_record(row: dict, source: str, tokenizer) -> dict[str, Any]:
+    """An episode's row (pt-rollout generate --env) as token ids and labels: its prompt and
+    every id after it, the policy's trained (highlighted), the environment's not."""
+    prompt, completion = row["prompt_token_ids"], row["completion_token_ids"]
+    labels = [IGNORE_INDEX] * len(prompt) + [
+        t if m else IGNORE_INDEX for t, m in zip(completion, row["completion_mask"], strict=True)
+    ]
+    title = (
+        f"{source}: episode {row.get('id')!r}, sample {row.get('sample')}, "
+        f"{row.get('num_turns')} turns, ended {row.get('finish_reason')}"
+    )
+    return {"source": title, "input_ids": list(prompt) + list(completion), "labels": labels,
+            "tokenizer": tokenizer}  # fmt: skip
 
 
 def show(records: list[dict[str, Any]], tokenizer=None) -> None:
