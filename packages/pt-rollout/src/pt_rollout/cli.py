@@ -5,6 +5,8 @@
     pt-train run train.yaml | pt-rollout generate --model - --prompts prompts.jsonl
     pt-rollout chat runs/sft/inference/step-235
     pt-rollout serve --listen 0.0.0.0:7000 --model ckpt/ --engine vllm
+    pt-rollout serve-openai --model ckpt/ --listen 127.0.0.1:8000
+    pt-rollout generate --endpoint http://127.0.0.1:8000/v1 --model ckpt/ --prompts p.jsonl
 
 This module only parses arguments and calls library functions.
 """
@@ -27,6 +29,71 @@ app = make_app(
 )
 
 ENGINE_HELP = "vllm, hf, or auto (vLLM when installed and a device fits, else HF)."
+
+# An OpenAI-compatible server in place of a local engine (generate and score).
+TOKENIZER_OPTION = typer.Option(
+    None,
+    "--tokenizer",
+    help="With --endpoint: the local tokenizer (a model directory or hub name) the token ids "
+    "are made and read with, checked against the server's (default: the model name's).",
+)
+API_KEY_ENV_OPTION = typer.Option(
+    "OPENAI_API_KEY",
+    "--api-key-env",
+    help="With --endpoint: the environment variable holding the server's API key (none sent "
+    "where it is unset).",
+)
+CONCURRENCY_OPTION = typer.Option(
+    16, "--concurrency", help="With --endpoint: requests in flight at once."
+)
+TIMEOUT_OPTION = typer.Option(
+    600.0, "--timeout", help="With --endpoint: seconds a request may take."
+)
+RETRIES_OPTION = typer.Option(
+    3,
+    "--retries",
+    help="With --endpoint: tries more for a request that fails in a way that may pass "
+    "(no connection, a cut answer, a timeout, 429, 5xx), with exponential backoff.",
+)
+
+
+def _endpoint(url, tokenizer, api_key_env, concurrency, timeout, retries):
+    """The server to use, or None; client settings given without --endpoint are refused."""
+    from pt_core.errors import ConfigError
+    from pt_rollout.openai_api.client import DEFAULT_KEY_ENV, EndpointOptions
+
+    if url is None:
+        given = [name for name, value, default in (
+            ("--tokenizer", tokenizer, None), ("--api-key-env", api_key_env, DEFAULT_KEY_ENV),
+            ("--concurrency", concurrency, 16), ("--timeout", timeout, 600.0),
+            ("--retries", retries, 3)) if value != default]  # fmt: skip
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: settings of the client of a server, and no --endpoint "
+                "is given",
+                hint="add --endpoint URL, or drop them",
+            )
+        return None
+    return EndpointOptions(
+        url, api_key_env=api_key_env, concurrency=concurrency, timeout=timeout, retries=retries
+    )
+
+
+def _served_model(name: str, tokenizer: str | None, option: str) -> tuple[str, str]:
+    """With --endpoint, ``name`` is the served model's name; the local tokenizer is
+    ``tokenizer`` or, where it names none, the model of that name here."""
+    from pt_core.errors import InputError
+
+    if tokenizer is not None:
+        return name, resolve_model(tokenizer, option="--tokenizer")
+    try:
+        return name, resolve_model(name, option=option)
+    except InputError as exc:
+        raise InputError(
+            f"{exc.message} (with --endpoint, {option} is the name the server serves the model "
+            "under, and the local tokenizer is read from it)",
+            hint="pass the model's tokenizer with --tokenizer DIR",
+        ) from None
 
 
 @app.command("generate")
@@ -120,12 +187,27 @@ def generate_cmd(
         None, "--gpu-memory-utilization", help="vLLM's memory share (default 0.9 GPU, 0.2 CPU)."
     ),
     max_model_len: int = typer.Option(None, "--max-model-len", help="vLLM context length cap."),
+    endpoint: str = typer.Option(
+        None,
+        "--endpoint",
+        help="URL of an OpenAI-compatible server (http://host:8000/v1) to generate with "
+        "instead of a local engine; --model is the name it serves the model under.",
+    ),
+    tokenizer: str = TOKENIZER_OPTION,
+    api_key_env: str = API_KEY_ENV_OPTION,
+    concurrency: int = CONCURRENCY_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+    retries: int = RETRIES_OPTION,
 ) -> None:
     """Generate n completions per prompt: one rollouts row per (id, sample)."""
     from pt_rollout.generate import GenerateOptions, generate
 
     one_stdin_input(model=model, prompts=prompts)
-    model = resolve_model(model, option="--model")
+    server = _endpoint(endpoint, tokenizer, api_key_env, concurrency, timeout, retries)
+    if server is None:
+        model = resolve_model(model, option="--model")
+    else:
+        model, tokenizer = _served_model(model, tokenizer, "--model")
     options = GenerateOptions(
         n=n,
         temperature=temperature,
@@ -153,6 +235,8 @@ def generate_cmd(
         data_parallel=data_parallel,
         gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len,
+        endpoint=server,
+        tokenizer=tokenizer,
     )
     try:
         summary = generate(model, prompts, out, options)
@@ -188,12 +272,28 @@ def score_cmd(
     tensor_parallel: int = typer.Option(1, "--tensor-parallel", help="GPUs per engine (vLLM)."),
     gpu_memory_utilization: float = typer.Option(None, "--gpu-memory-utilization"),
     max_model_len: int = typer.Option(None, "--max-model-len"),
+    endpoint: str = typer.Option(
+        None,
+        "--endpoint",
+        help="URL of an OpenAI-compatible server (http://host:8000/v1) that serves the teacher "
+        "and gives prompt log-probs (vllm serve, pt-rollout serve-openai); --teacher is the "
+        "name it serves the teacher under.",
+    ),
+    tokenizer: str = TOKENIZER_OPTION,
+    api_key_env: str = API_KEY_ENV_OPTION,
+    concurrency: int = CONCURRENCY_OPTION,
+    timeout: float = TIMEOUT_OPTION,
+    retries: int = RETRIES_OPTION,
 ) -> None:
     """Add the teacher's log-prob of every completion token (and its top-k) to each rollout."""
     from pt_rollout.score import score
 
     one_stdin_input(teacher=teacher, rollouts=rollouts)
-    teacher = resolve_model(teacher, option="--teacher")
+    server = _endpoint(endpoint, tokenizer, api_key_env, concurrency, timeout, retries)
+    if server is None:
+        teacher = resolve_model(teacher, option="--teacher")
+    else:
+        teacher, tokenizer = _served_model(teacher, tokenizer, "--teacher")
     try:
         summary = score(
             teacher,
@@ -207,6 +307,8 @@ def score_cmd(
             tensor_parallel=tensor_parallel,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
+            endpoint=server,
+            tokenizer=tokenizer,
         )
     except KeyboardInterrupt:
         raise interrupted(out) from None
@@ -295,6 +397,75 @@ def serve_cmd(
             raise ConfigError(f"--listen: {exc}", hint="e.g. --listen 0.0.0.0:7000") from None
     spec = spec.replace(model=resolve_model(spec.model, option="--model"))
     serve(spec, socket=socket, listen=listen, key_file=key_file, version=start_version)
+
+
+@app.command("serve-openai")
+def serve_openai_cmd(
+    model: str = typer.Option(
+        ...,
+        "--model",
+        "-m",
+        help="Model directory (a run's inference/step-N), hub name, or - for the checkpoint "
+        "manifest piped in.",
+    ),
+    listen: str = typer.Option(
+        "127.0.0.1:8000",
+        "--listen",
+        help="HOST:PORT to serve on (port 0: any free one, printed). Another host than "
+        "loopback needs --api-key-env.",
+    ),
+    served_model_name: str = typer.Option(
+        None,
+        "--served-model-name",
+        help="The name clients ask for (the model field); default: --model as given.",
+    ),
+    api_key_env: str = typer.Option(
+        None,
+        "--api-key-env",
+        help="An environment variable holding the key every client must send "
+        "(Authorization: Bearer KEY).",
+    ),
+    engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
+    chat_template: str = typer.Option(
+        None,
+        "--chat-template",
+        help="NAME|FILE: render chats with this template (chatml, plain, or a .jinja file) "
+        "instead of the model's own; its end-of-turn token ends a reply.",
+    ),
+    max_logprobs: int = typer.Option(
+        20, "--max-logprobs", help="Log-probs a position a request may ask for, at most."
+    ),
+    logprobs_mode: str = typer.Option(
+        "raw",
+        "--logprobs-mode",
+        help="raw: log-probs under the model's distribution; processed: under the one sampled "
+        "from (after temperature and top-p).",
+    ),
+    decoder: str = typer.Option("auto", "--decoder", help="The HF engine's: auto, lean or hf."),
+    dtype: str = typer.Option(
+        "auto", "--dtype", help="auto (the checkpoint's), float32, bfloat16."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of requests that send none."),
+    tensor_parallel: int = typer.Option(1, "--tensor-parallel", help="GPUs per engine (vLLM)."),
+    gpu_memory_utilization: float = typer.Option(
+        None, "--gpu-memory-utilization", help="vLLM's memory share (default 0.9 GPU, 0.2 CPU)."
+    ),
+    max_model_len: int = typer.Option(None, "--max-model-len", help="vLLM context length cap."),
+) -> None:
+    """Serve a model to OpenAI clients: /v1/models, /v1/completions, /v1/chat/completions."""
+    from pt_rollout.openai_api.server import ServeOptions, serve_checkpoint
+
+    model = resolve_model(model, option="--model")
+    serve_checkpoint(
+        model,
+        ServeOptions(
+            listen=listen, served_model_name=served_model_name, api_key_env=api_key_env,
+            engine=engine, chat_template=chat_template, max_logprobs=max_logprobs,
+            logprobs_mode=logprobs_mode, decoder=decoder, dtype=dtype, seed=seed,
+            tensor_parallel=tensor_parallel, gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+        ),
+    )  # fmt: skip
 
 
 def _seeding(value: str) -> str:

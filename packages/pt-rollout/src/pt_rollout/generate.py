@@ -18,10 +18,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pt_core.errors import ConfigError, InputError
+from pt_core.errors import ConfigError, InputError, PtError
 from pt_core.log import get_logger
 from pt_rollout.engines import SamplingParams
-from pt_rollout.output import ResumableOutput, row_key
+from pt_rollout.openai_api.client import EndpointOptions
+from pt_rollout.output import ResumableOutput, row_key, with_kept_rows
 from pt_rollout.prompts import PromptRow, prompt_token_ids, prompts_path, read_prompts
 from pt_rollout.throughput import Throughput
 
@@ -56,6 +57,10 @@ class GenerateOptions:
     data_parallel: int = 1
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
+    # an OpenAI-compatible server to generate with (``model``: the name it serves), and the
+    # local tokenizer prompts are made with (default: ``model``'s)
+    endpoint: EndpointOptions | None = None
+    tokenizer: str | None = None
 
     def __post_init__(self):
         if self.n < 1:
@@ -81,6 +86,30 @@ class GenerateOptions:
             )
         if self.data_parallel < 1 or self.tensor_parallel < 1:
             raise ConfigError("--data-parallel and --tensor-parallel must be >= 1")
+        if self.endpoint is not None:
+            refuse_engine_options(
+                engine=self.engine != "auto",
+                decoder=self.decoder != "auto",
+                dtype=self.dtype != "auto",
+                tensor_parallel=self.tensor_parallel != 1,
+                data_parallel=self.data_parallel != 1,
+                gpu_memory_utilization=self.gpu_memory_utilization is not None,
+                max_model_len=self.max_model_len is not None,
+            )
+            if self.seeding != "per_sample":
+                raise ConfigError(
+                    "--seeding engine with --endpoint: a server's own generator was seeded "
+                    "when it started, not by this command",
+                    hint="drop --seeding (per_sample: each sample sends its own seed)",
+                )
+            if self.logprobs_mode != "raw":
+                raise ConfigError(
+                    f"--logprobs-mode {self.logprobs_mode} with --endpoint: a server returns "
+                    "the log-probs of the distribution it was started with",
+                    hint="drop --logprobs-mode, and start the server with the mode you want "
+                    "(vllm serve --logprobs-mode processed_logprobs, pt-rollout serve-openai "
+                    "--logprobs-mode processed)",
+                )
         try:
             self.sampling(())
         except ValueError as exc:
@@ -98,6 +127,18 @@ class GenerateOptions:
             logprobs_mode=self.logprobs_mode,
             logprobs_top_k=self.logprobs_top_k,
             seeding=self.seeding,
+        )
+
+
+def refuse_engine_options(**given: bool) -> None:
+    """With ``--endpoint`` the server has loaded the model: an option of the local engine
+    would do nothing, so one that is given is refused."""
+    named = [f"--{name.replace('_', '-')}" for name, is_given in given.items() if is_given]
+    if named:
+        raise ConfigError(
+            f"{', '.join(named)} with --endpoint: the server has loaded the model, and these "
+            "are options of a local engine",
+            hint=f"drop {', '.join(named)} (the server's own options set them)",
         )
 
 
@@ -160,8 +201,11 @@ def generate(
             engine_name = f"{options.engine} x{options.data_parallel}"
         elif pending:
             engine_name = _generate_pending(model, pending, output, options, meter, source)
-    except BaseException:
+    except PtError as exc:
         output.close()  # rows written so far stay in the partial file
+        raise with_kept_rows(exc, output.path) from exc.__cause__
+    except BaseException:
+        output.close()
         raise
     total = output.finalize(order=_input_order(rows))
     return {
@@ -172,6 +216,7 @@ def generate(
         "completion_tokens": meter.tokens,
         "resumed": output.resumed,
         "engine": engine_name,
+        **({"endpoint": options.endpoint.base_url} if options.endpoint else {}),
         "model": model,
         "prompts_path": str(source),
         "seconds": round(time.perf_counter() - started, 3),
@@ -187,32 +232,23 @@ def _generate_pending(model, pending, output, options, meter, source) -> str:
 
     from pt_rollout.prompts import stop_token_ids, use_chat_template
 
-    tokenizer = use_chat_template(AutoTokenizer.from_pretrained(model), options.chat_template)
-    sampling = options.sampling(stop_token_ids(model, tokenizer, template=options.template))
+    tokenizer_path = options.tokenizer or model
+    tokenizer = use_chat_template(
+        AutoTokenizer.from_pretrained(tokenizer_path), options.chat_template
+    )
+    sampling = options.sampling(
+        stop_token_ids(tokenizer_path, tokenizer, template=options.template)
+    )
     token_ids = {}
     for row, _ in pending:
         if row.position not in token_ids:
             token_ids[row.position] = prompt_token_ids(
                 tokenizer, row.prompt, template=options.template, system=options.system
             )
-    from pt_rollout.engines import load_engine
-
-    with (
-        load_engine(
-            options.engine,
-            model,
-            dtype=options.dtype,
-            seed=options.seed,
-            tensor_parallel_size=options.tensor_parallel,
-            gpu_memory_utilization=options.gpu_memory_utilization,
-            max_model_len=options.max_model_len,
-            max_logprobs=max(20, options.logprobs_top_k),
-            logprobs_mode=options.logprobs_mode,
-            hf_decoder=options.decoder,
-        ) as engine,
-        meter,
-    ):
+    with _open_engine(model, tokenizer, options) as engine, meter:
         engine_name = engine.name
+        if options.endpoint is not None:
+            engine.check_tokenizer(token_ids[pending[0][0].position])  # pyright: ignore[reportAttributeAccessIssue]
         _check_prompt_lengths(pending, token_ids, engine.max_model_len, source)
         for start in range(0, len(pending), options.batch_size):
             batch = pending[start : start + options.batch_size]
@@ -220,6 +256,28 @@ def _generate_pending(model, pending, output, options, meter, source) -> str:
             output.write(new_rows)
             meter.advance(len(new_rows), sum(len(r["completion_token_ids"]) for r in new_rows))
     return engine_name
+
+
+def _open_engine(model: str, tokenizer, options: GenerateOptions):
+    """The engine that generates: the server at ``options.endpoint``, or one loaded here."""
+    if options.endpoint is not None:
+        from pt_rollout.openai_api.client import EndpointEngine
+
+        return EndpointEngine(options.endpoint, model, tokenizer)
+    from pt_rollout.engines import load_engine
+
+    return load_engine(
+        options.engine,
+        model,
+        dtype=options.dtype,
+        seed=options.seed,
+        tensor_parallel_size=options.tensor_parallel,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        max_model_len=options.max_model_len,
+        max_logprobs=max(20, options.logprobs_top_k),
+        logprobs_mode=options.logprobs_mode,
+        hf_decoder=options.decoder,
+    )
 
 
 def _generate_batch(engine, tokenizer, batch, token_ids, sampling, options) -> list[dict]:

@@ -14,7 +14,14 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from pt_core.errors import DiskFull, InputError, Interrupted, disk_full_as_error, is_disk_full
+from pt_core.errors import (
+    DiskFull,
+    InputError,
+    Interrupted,
+    PtError,
+    disk_full_as_error,
+    is_disk_full,
+)
 from pt_core.files import JsonlAppender, iter_rows, write_rows
 
 
@@ -30,6 +37,17 @@ def interrupted(out: str | os.PathLike) -> Interrupted:
     if not partial.exists():
         return Interrupted(f"interrupted before any row was written to {out}")
     return Interrupted(f"interrupted: {kept_rows(partial)}")
+
+
+def with_kept_rows(exc: PtError, out: str | os.PathLike) -> PtError:
+    """``exc`` (a run that stopped on an error) saying what the partial file of ``out``
+    keeps for the same command to resume after, where it keeps rows."""
+    partial = Path(out).with_name(Path(out).name + ".partial")  # JsonlAppender's
+    if isinstance(exc, DiskFull) or not partial.exists() or not partial.stat().st_size:
+        return exc
+    kept = type(exc)(f"{exc.message}; {kept_rows(partial)}", hint=exc.hint)
+    kept.__cause__ = exc.__cause__
+    return kept
 
 
 def kept_rows(partial: Path) -> str:

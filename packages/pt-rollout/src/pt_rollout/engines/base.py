@@ -7,7 +7,7 @@ everything below it is the engine's business (batching, KV cache, sampling kerne
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pt_core.sampling import SEEDING
@@ -110,6 +110,21 @@ class Request:
 
     prompt_token_ids: list[int]
     seed: int = 0
+
+
+def ranked_topk(entries: Iterable[tuple[int | None, int, float]], k: int):
+    """The ``k`` most likely tokens, as ``(ids, log-probs)`` most likely first, of a
+    position's ``(rank, token id, log-prob)`` entries (vLLM's form: ranks 1..k plus the
+    actual token, whatever its rank, which may be None where it is not known)."""
+    ranked = sorted(
+        (
+            (rank, token, logprob)
+            for rank, token, logprob in entries
+            if rank is not None and rank <= k
+        ),
+        key=lambda item: item[0],
+    )[:k]
+    return [token for _, token, _ in ranked], [float(logprob) for _, _, logprob in ranked]
 
 
 class Engine(ABC):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pt_core.log import get_logger
@@ -105,9 +105,17 @@ class HFEngine(Engine):
 
     # ------------------------------------------------------------------ generation
 
-    def generate(self, requests: Sequence[Request], params: SamplingParams) -> list[Completion]:
+    def generate(
+        self,
+        requests: Sequence[Request],
+        params: SamplingParams,
+        *,
+        on_token: Callable[[int, int], None] | None = None,
+    ) -> list[Completion]:
         """Completions of ``requests``; a model being trained (given as a module) is put in
-        eval mode for them (no dropout) and back in the mode it was in after."""
+        eval mode for them (no dropout) and back in the mode it was in after.
+        ``on_token(request index, token id)`` is called with each token as it is sampled
+        (a server streams them)."""
         results: list[Completion | None] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_token_ids))
         was_training = self.model.training
@@ -116,9 +124,11 @@ class HFEngine(Engine):
             for batch in self._batches(
                 order, lambda i: len(requests[i].prompt_token_ids) + params.max_tokens
             ):
-                for i, completion in zip(
-                    batch, self._generate_batch([requests[i] for i in batch], params), strict=True
-                ):
+                in_batch = None
+                if on_token is not None:
+                    in_batch = lambda row, token, batch=batch: on_token(batch[row], token)  # noqa: E731
+                completions = self._generate_batch([requests[i] for i in batch], params, in_batch)
+                for i, completion in zip(batch, completions, strict=True):
                     results[i] = completion
         finally:
             self.model.train(was_training)
@@ -141,7 +151,9 @@ class HFEngine(Engine):
             batches.append(batch)
         return batches
 
-    def _generate_batch(self, requests: list[Request], params: SamplingParams) -> list[Completion]:
+    def _generate_batch(
+        self, requests: list[Request], params: SamplingParams, on_token=None
+    ) -> list[Completion]:
         import torch
 
         dev = self.device
@@ -201,6 +213,8 @@ class HFEngine(Engine):
                 for row, i in enumerate(active):
                     token = chosen_list[row]
                     tokens[i].append(token)
+                    if on_token is not None:
+                        on_token(i, token)
                     if chosen_logprobs is not None:
                         logprobs[i].append(float(chosen_logprobs[row]))
                     if topk is not None:

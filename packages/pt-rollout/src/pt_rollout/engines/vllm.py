@@ -13,7 +13,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pt_core.log import get_logger
-from pt_rollout.engines.base import Completion, Engine, Request, SamplingParams, TokenScores
+from pt_rollout.engines.base import (
+    Completion,
+    Engine,
+    Request,
+    SamplingParams,
+    TokenScores,
+    ranked_topk,
+)
 
 log = get_logger(__name__)
 
@@ -127,6 +134,9 @@ class VLLMEngine(Engine):
             extra["weight_transfer_config"] = {"backend": BACKENDS[weight_transfer]}
         self._max_logprobs = max_logprobs
         self._requests_made = 0
+        # what each request added by start / start_scoring is: its sampling parameters, or
+        # (prompt length, completion ids, top-k) of a scoring
+        self._running: dict[str, Any] = {}
         # One process: the worker reads the pushed pairs straight from the caller.
         self._in_process = extra.get("distributed_executor_backend") == "uni"
         # vLLM fixes at start-up which distribution its log-probs are of.
@@ -176,31 +186,10 @@ class VLLMEngine(Engine):
         "keep")`` does, and each completion records the version each token was sampled with
         (``token_versions``; ``version`` is that of the weights the generation starts with).
         Needs an engine built with ``in_flight=True``."""
-        from vllm import SamplingParams as VSamplingParams  # pyright: ignore[reportMissingImports]
         from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports]
 
-        if params.logprobs and params.logprobs_mode != self.logprobs_mode:
-            raise ValueError(
-                f"this vLLM engine returns {self.logprobs_mode} log-probs; "
-                f"{params.logprobs_mode} ones need an engine started with that mode"
-            )
-        want = params.logprobs_top_k if params.logprobs_top_k else (0 if params.logprobs else None)
-        sampling = [
-            VSamplingParams(
-                n=1,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=params.top_k if params.top_k > 0 else -1,
-                max_tokens=min(params.max_tokens, self.max_model_len - len(r.prompt_token_ids)),
-                stop=list(params.stop) or None,
-                stop_token_ids=list(params.stop_token_ids) or None,
-                # Per-request seeds make vLLM sample those requests one by one (exact resume);
-                # unseeded requests share the engine's generator and its batched kernels.
-                seed=None if params.greedy or not params.per_sample else r.seed,
-                logprobs=want,
-            )
-            for r in requests
-        ]
+        self._check_logprobs_mode(params)
+        sampling = [self._sampling(r, params) for r in requests]
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
         if between_steps is None:
             outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
@@ -212,6 +201,107 @@ class VLLMEngine(Engine):
             completion.token_versions = _token_versions(len(completion.token_ids), changes)
             completions.append(completion)
         return completions
+
+    def _check_logprobs_mode(self, params: SamplingParams) -> None:
+        if params.logprobs and params.logprobs_mode != self.logprobs_mode:
+            raise ValueError(
+                f"this vLLM engine returns {self.logprobs_mode} log-probs; "
+                f"{params.logprobs_mode} ones need an engine started with that mode"
+            )
+
+    def _sampling(self, request: Request, params: SamplingParams):
+        """vLLM's sampling parameters of one request."""
+        from vllm import SamplingParams as VSamplingParams  # pyright: ignore[reportMissingImports]
+
+        want = params.logprobs_top_k if params.logprobs_top_k else (0 if params.logprobs else None)
+        return VSamplingParams(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            max_tokens=min(params.max_tokens, self.max_model_len - len(request.prompt_token_ids)),
+            stop=list(params.stop) or None,
+            stop_token_ids=list(params.stop_token_ids) or None,
+            # Per-request seeds make vLLM sample those requests one by one (exact resume);
+            # unseeded requests share the engine's generator and its batched kernels.
+            seed=None if params.greedy or not params.per_sample else request.seed,
+            logprobs=want,
+        )
+
+    # One request at a time, for a server: requests join and leave the running batch
+    # between two engine steps (continuous batching), and each step says what every
+    # running request has produced so far.
+
+    def start(self, request_id: str, request: Request, params: SamplingParams) -> None:
+        """Add a generation to the running batch; :meth:`step` reports it as ``request_id``."""
+        from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports]
+        from vllm.sampling_params import RequestOutputKind  # pyright: ignore[reportMissingImports]
+
+        self._check_logprobs_mode(params)
+        if not request.prompt_token_ids:
+            raise ValueError("cannot generate from an empty prompt")
+        if len(request.prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt of {len(request.prompt_token_ids)} tokens leaves no room to generate "
+                f"(model length {self.max_model_len})"
+            )
+        sampling = self._sampling(request, params)
+        sampling.output_kind = RequestOutputKind.CUMULATIVE
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        self._add_request(request_id, prompt, sampling)
+        self._running[request_id] = params
+
+    def start_scoring(
+        self, request_id: str, prompt_ids: list[int], completion_ids: list[int], top_k: int
+    ) -> None:
+        """Add a scoring (a prefill-only request) to the running batch; :meth:`step` reports
+        its :class:`TokenScores` once it is done."""
+        from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports]
+
+        self._check_scoring(top_k, [prompt_ids], [completion_ids])
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids) + list(completion_ids))
+        self._add_request(request_id, prompt, self._score_sampling(top_k))
+        self._running[request_id] = (len(prompt_ids), list(completion_ids), top_k)
+
+    def _add_request(self, request_id: str, prompt, sampling) -> None:
+        engine = self.llm.llm_engine
+        render = getattr(self.llm, "_preprocess_cmpl", None)  # as LLM.generate renders them
+        if render is not None:
+            prompt = render([prompt])[0]
+        engine.add_request(request_id, prompt, sampling)
+
+    @property
+    def running(self) -> bool:
+        """Whether requests added by :meth:`start` or :meth:`start_scoring` are running."""
+        return bool(self._running)
+
+    def step(self) -> list[tuple[str, Completion | TokenScores, bool]]:
+        """One engine step: ``(request_id, what it has so far, finished)`` for each request
+        that produced a token (a scoring, once, when finished)."""
+        reports = []
+        for out in self.llm.llm_engine.step():
+            what = self._running.get(out.request_id)
+            if what is None:
+                continue
+            if out.finished:
+                del self._running[out.request_id]
+            if isinstance(what, SamplingParams):
+                reports.append(
+                    (out.request_id, self._completion(out.outputs[0], what), out.finished)
+                )
+            elif out.finished:
+                prompt_len, completion, top_k = what
+                scores = self._scores_of(out, prompt_len, completion, top_k)
+                reports.append((out.request_id, scores, True))
+        return reports
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Stop running these requests (a client that went away)."""
+        ids = [i for i in request_ids if i in self._running]
+        if ids:
+            self.llm.llm_engine.abort_request(ids)
+            for i in ids:
+                del self._running[i]
 
     def _generate_in_flight(self, prompts, sampling, between_steps, version):
         """vLLM's offline loop (``LLM.generate``) one step at a time, with ``between_steps``
@@ -269,13 +359,12 @@ class VLLMEngine(Engine):
         if params.logprobs_top_k:
             topk_ids, topk_logprobs = [], []
             for position in sample.logprobs:
-                ranked = sorted(
-                    ((lp.rank, t, lp.logprob) for t, lp in position.items()
-                     if lp.rank is not None and lp.rank <= params.logprobs_top_k),
-                    key=lambda item: item[0],
-                )  # fmt: skip
-                topk_ids.append([t for _, t, _ in ranked])
-                topk_logprobs.append([float(v) for _, _, v in ranked])
+                ids, values = ranked_topk(
+                    ((lp.rank, t, lp.logprob) for t, lp in position.items()),
+                    params.logprobs_top_k,
+                )
+                topk_ids.append(ids)
+                topk_logprobs.append(values)
         return Completion(
             token_ids, _finish_reason(sample.finish_reason), logprobs, topk_ids, topk_logprobs
         )
@@ -289,7 +378,6 @@ class VLLMEngine(Engine):
         at_ids=None,
         temperature: float = 1.0,
     ) -> list[TokenScores]:
-        from vllm import SamplingParams as VSamplingParams  # pyright: ignore[reportMissingImports]
         from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports]
 
         if at_ids is not None:
@@ -302,49 +390,62 @@ class VLLMEngine(Engine):
                 f"the vLLM engine's prompt log-probs are at temperature 1, not {temperature}; "
                 "score at another temperature with the HF engine (--engine hf)"
             )
-        if top_k > self._max_logprobs:
-            raise ValueError(
-                f"top_k {top_k} exceeds the engine's max_logprobs {self._max_logprobs}; "
-                "build the engine with a larger max_logprobs"
-            )
-        for p in prompt_token_ids:
-            if not p:
-                raise ValueError("cannot score a completion of an empty prompt")
-        # A prefill-only request: one throwaway generated token, and the log-probs of every
-        # prompt position (the actual token's, plus the top-k when asked).
-        sampling = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k)
+        self._check_scoring(top_k, prompt_token_ids, completion_token_ids)
         outputs = self.llm.generate(
             [
                 TokensPrompt(prompt_token_ids=list(p) + list(c))
                 for p, c in zip(prompt_token_ids, completion_token_ids, strict=True)
             ],
-            sampling,
+            self._score_sampling(top_k),
             use_tqdm=False,
         )
-        results = []
-        for out, prompt, completion in zip(
-            outputs, prompt_token_ids, completion_token_ids, strict=True
-        ):
-            # prompt_logprobs[t] is the distribution that predicts token t from tokens < t
-            # (entry 0 is None), so completion token j is row len(prompt) + j.
-            rows = [out.prompt_logprobs[len(prompt) + j] for j in range(len(completion))]
-            token_logprobs = [
-                float(row[token].logprob) for row, token in zip(rows, completion, strict=True)
-            ]
-            if not top_k:
-                results.append(TokenScores(token_logprobs))
-                continue
-            topk_ids, topk_logprobs = [], []
-            for row in rows:
-                # The dict holds the actual token (whatever its rank) plus ranks 1..k.
-                ranked = sorted(
-                    ((lp.rank, token, lp.logprob) for token, lp in row.items() if lp.rank <= top_k),
-                    key=lambda item: item[0],
-                )[:top_k]
-                topk_ids.append([token for _, token, _ in ranked])
-                topk_logprobs.append([float(logprob) for _, _, logprob in ranked])
-            results.append(TokenScores(token_logprobs, topk_ids, topk_logprobs))
-        return results
+        return [
+            self._scores_of(out, len(prompt), completion, top_k)
+            for out, prompt, completion in zip(
+                outputs, prompt_token_ids, completion_token_ids, strict=True
+            )
+        ]
+
+    def _check_scoring(self, top_k: int, prompt_token_ids, completion_token_ids) -> None:
+        if top_k > self._max_logprobs:
+            raise ValueError(
+                f"top_k {top_k} exceeds the engine's max_logprobs {self._max_logprobs}; "
+                "build the engine with a larger max_logprobs"
+            )
+        for p, c in zip(prompt_token_ids, completion_token_ids, strict=True):
+            if not p:
+                raise ValueError("cannot score a completion of an empty prompt")
+            if len(p) + len(c) > self.max_model_len:
+                raise ValueError(
+                    f"sequence of {len(p) + len(c)} tokens exceeds the model length "
+                    f"{self.max_model_len}"
+                )
+
+    @staticmethod
+    def _score_sampling(top_k: int):
+        """A prefill-only request: one throwaway generated token, and the log-probs of every
+        prompt position (the actual token's, plus the top-k when asked)."""
+        from vllm import SamplingParams as VSamplingParams  # pyright: ignore[reportMissingImports]
+
+        return VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k)
+
+    @staticmethod
+    def _scores_of(out, prompt_len: int, completion: list[int], top_k: int) -> TokenScores:
+        # prompt_logprobs[t] is the distribution that predicts token t from tokens < t
+        # (entry 0 is None), so completion token j is row len(prompt) + j.
+        rows = [out.prompt_logprobs[prompt_len + j] for j in range(len(completion))]
+        token_logprobs = [
+            float(row[token].logprob) for row, token in zip(rows, completion, strict=True)
+        ]
+        if not top_k:
+            return TokenScores(token_logprobs)
+        topk_ids, topk_logprobs = [], []
+        for row in rows:
+            # The dict holds the actual token (whatever its rank) plus ranks 1..k.
+            ids, logprobs = ranked_topk(((lp.rank, t, lp.logprob) for t, lp in row.items()), top_k)
+            topk_ids.append(ids)
+            topk_logprobs.append(logprobs)
+        return TokenScores(token_logprobs, topk_ids, topk_logprobs)
 
     def load_weights(self, path: str) -> None:
         """New weights from checkpoint directory ``path``, loaded in place by every worker
