@@ -247,6 +247,8 @@ class VLLMEngine(Engine):
             )
         sampling = self._sampling(request, params)
         sampling.output_kind = RequestOutputKind.CUMULATIVE
+        # the caller reads token ids; vLLM's text is needed only to find stop strings
+        sampling.detokenize = bool(params.stop)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         self._add_request(request_id, prompt, sampling)
         self._running[request_id] = params

@@ -694,7 +694,7 @@ def serve_checkpoint(model: str, options: ServeOptions) -> None:
     """Load ``model`` in an engine and serve it until Ctrl-C."""
     from transformers import AutoTokenizer
 
-    from pt_rollout.engines import load_engine
+    from pt_rollout.engines import load_engine, resolve_engine
     from pt_rollout.prompts import stop_token_ids, use_chat_template
 
     host, port = parse_listen(options.listen)
@@ -718,6 +718,10 @@ def serve_checkpoint(model: str, options: ServeOptions) -> None:
     if options.max_logprobs < 0:
         raise ConfigError(f"--max-logprobs must be >= 0, got {options.max_logprobs}")
     sock = bind(host, port)
+    if resolve_engine(options.engine) == "vllm":
+        # vLLM's engine core in a process of its own, as vllm serve runs it: it schedules
+        # and computes the next step while this process answers the last one's requests
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     tokenizer = use_chat_template(AutoTokenizer.from_pretrained(model), options.chat_template)
     engine = load_engine(
         options.engine,
