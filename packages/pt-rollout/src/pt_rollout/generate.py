@@ -202,7 +202,7 @@ def generate(
         elif pending:
             engine_name = _generate_pending(model, pending, output, options, meter, source)
     except PtError as exc:
-        output.close()  # rows written so far stay in the partial file
+        output.abandon()  # rows written so far stay in the partial file
         raise with_kept_rows(exc, output.path) from exc.__cause__
     except BaseException:
         output.close()

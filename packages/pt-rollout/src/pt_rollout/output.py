@@ -116,3 +116,11 @@ class ResumableOutput:
 
     def close(self) -> None:
         self._appender.close()
+
+    def abandon(self) -> None:
+        """Close after an error: the partial file stays where it holds rows (the same
+        command resumes after them), and goes where it holds none."""
+        self._appender.close()
+        partial = self._appender.partial
+        if partial.exists() and not partial.stat().st_size:
+            partial.unlink()

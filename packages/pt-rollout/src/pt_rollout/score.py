@@ -91,7 +91,7 @@ def score(
                 pending, output, meter, path, top_k, at_student_topk, batch_size, teacher_model,
             )  # fmt: skip
     except PtError as exc:
-        output.close()  # rows written so far stay in the partial file
+        output.abandon()  # rows written so far stay in the partial file
         raise with_kept_rows(exc, output.path) from exc.__cause__
     except BaseException:
         output.close()

@@ -281,7 +281,10 @@ class OpenAIServer:
         return Response(status_code=200)
 
     async def _models(self, request):
-        self._authorize(request)
+        try:
+            self._authorize(request)
+        except BadRequest as exc:
+            return _json(exc.body(), status=exc.status)
         card = {"id": self.model_name, "object": "model", "created": self.created,
                 "owned_by": "pt", "root": self.root,
                 "max_model_len": self.engine.max_model_len}  # fmt: skip
