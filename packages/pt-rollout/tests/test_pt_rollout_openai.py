@@ -388,3 +388,45 @@ def test_lm_eval_runs_a_local_task_against_the_server_and_pt_eval_grades_it(serv
     # one response a document (filtered_resps is a list of one): one grade each
     assert all(len(g["grade_status"]) == len(g["correct"]) == 1 for g in graded)
     assert m["correct"] == sum(g["correct"][0] for g in graded)
+
+
+# --------------------------------------------------------------------------- an engine in hand
+
+
+def test_an_engine_in_hand_is_served_in_a_thread_taking_turns_through_a_lock(
+    engine, tiny_tokenizer, tiny_model_dir
+):
+    """What an online run can do with the engine it generates with: serve it from a thread
+    of its own process, its own calls and the server's taking turns through one lock."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pt_rollout.engines import Request, SamplingParams
+    from pt_rollout.openai_api.server import OpenAIServer
+    from pt_rollout.prompts import stop_token_ids
+
+    lock = threading.Lock()
+    stops = stop_token_ids(tiny_model_dir, tiny_tokenizer, template=False)
+    server = OpenAIServer(engine, tiny_tokenizer, model_name="policy", stop_ids=stops,
+                          chat_stop_ids=stop_token_ids(tiny_model_dir, tiny_tokenizer),
+                          lock=lock)  # fmt: skip
+    url = server.start("127.0.0.1", 0)
+    try:
+        api = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        ids = tiny_tokenizer("Once upon a time").input_ids
+        with ThreadPoolExecutor(1) as pool:
+            with lock:  # the loop's turn: the request waits until it is over
+                asked = pool.submit(api.completions.create, model="policy", prompt=ids,
+                                    max_tokens=6, temperature=0,
+                                    extra_body={"return_token_ids": True})  # fmt: skip
+                time.sleep(2)  # time enough to answer, were the engine free
+                finished_early = asked.done()
+            answer = asked.result(timeout=120)
+        assert not finished_early
+        expected = engine.generate(
+            [Request(ids)], SamplingParams(temperature=0, max_tokens=6, stop_token_ids=stops)
+        )[0]
+        assert answer.choices[0].model_extra["token_ids"] == expected.token_ids
+    finally:
+        server.stop()

@@ -164,6 +164,8 @@ class SteppingRunner(Runner):
     """Continuous batching on a :class:`VLLMEngine` (its :meth:`start`, :meth:`step` and
     :meth:`abort`): new jobs join between two steps."""
 
+    engine: Any  # a VLLMEngine (whose module imports vLLM)
+
     def __init__(self, engine: Any):
         self._owners: dict[str, tuple[Job, int]] = {}
         self._results: dict[int, list] = {}
