@@ -214,6 +214,7 @@ SLURM_TESTS = "packages/pt-slurm/tests/"
 HARNESS_TESTS = "packages/pt-eval/tests/test_pt_eval_inputs.py::test_lm_evaluation_harness_"
 # ELSEWHERE: "path::test" (a test that runs the command's shape), or (path, text) where CI's
 # script holds the text that runs it.
+WIRE_TESTS = "packages/pt-rollout/tests/test_pt_rollout_openai.py::"
 ELSEWHERE: dict[str, str | tuple[str, str]] = {
     "uv run pytest": (".ci/run", "\nuv run pytest\n"),
     "bash .ci/setup-slurm.sh": (".ci/run", "for setup in .ci/setup-*.sh; do"),
@@ -250,6 +251,16 @@ ELSEWHERE: dict[str, str | tuple[str, str]] = {
     # a vLLM generator listening for a trainer on another node (here 127.0.0.1, port 0)
     "pt-rollout serve --listen 0.0.0.0:7000 --model ckpt/ --engine vllm": "packages/pt-train/"
     "tests/test_pt_train_colocate.py::test_a_process_on_another_node_takes_the_weights_over_gloo",
+    # pt's client through a server (pt's own, on 127.0.0.1, port 0): the rows the engine
+    # writes in-process; and pt's server on vLLM beside vllm serve
+    "pt-rollout generate --endpoint http://127.0.0.1:8000/v1 --model ckpt --prompts prompts.jsonl"
+    " --n 4": WIRE_TESTS + "test_generate_and_score_through_the_server_equal_the_engine_in_process",
+    "pt-rollout score --endpoint http://node7:8000/v1 --teacher Qwen/Qwen2.5-7B-Instruct"
+    " --tokenizer ckpt --rollouts rollouts.jsonl --top-k 8 --out scores.jsonl": WIRE_TESTS
+    + "test_generate_and_score_through_the_server_equal_the_engine_in_process",
+    "pt-rollout serve-openai --model ckpt --listen 127.0.0.1:8000 --engine vllm": "packages/"
+    "pt-rollout/tests/test_pt_rollout_openai_vllm.py::"
+    "test_pt_serve_openai_on_vllm_samples_what_vllm_serve_samples",
     # a model directory whose tokenizer has no chat template, given ChatML
     "pt-rollout generate --model models/base --prompts prompts.jsonl --chat-template chatml": "tests/test_real_shapes.py::test_rollout_takes_a_chat_template_when_the_model_has_none",
 }

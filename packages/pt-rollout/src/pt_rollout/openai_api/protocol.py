@@ -56,7 +56,8 @@ METADATA = ("user", "metadata", "store", "service_tier", "request_id")
 SAMPLING_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop",
                    "stop_token_ids", "logprobs", "stream", "return_token_ids")  # fmt: skip
 COMPLETION_FIELDS = {*SAMPLING_FIELDS, "prompt", "prompt_logprobs", "return_tokens_as_token_ids"}
-CHAT_FIELDS = {*SAMPLING_FIELDS, "messages", "max_completion_tokens", "top_logprobs"}
+CHAT_FIELDS = {*SAMPLING_FIELDS, "messages", "max_completion_tokens", "top_logprobs",
+               "return_tokens_as_token_ids"}  # fmt: skip
 
 
 class BadRequest(Exception):
