@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pt_core.errors import ConfigError, InputError, PtError
+from pt_core.errors import ConfigError, InputError
 from pt_core.log import get_logger
 from pt_rollout.engines import SamplingParams
 from pt_rollout.openai_api.client import EndpointOptions
-from pt_rollout.output import ResumableOutput, row_key, with_kept_rows
+from pt_rollout.output import ResumableOutput, row_key
 from pt_rollout.prompts import PromptRow, prompt_token_ids, prompts_path, read_prompts
 from pt_rollout.throughput import Throughput
 
@@ -192,7 +192,7 @@ def generate(
     )
     meter = Throughput("generate", total=len(rows) * options.n, done=output.resumed, n=options.n)
     engine_name = options.engine
-    try:
+    with output.kept_on_error():
         if pending and options.data_parallel > 1:
             from pt_rollout.parallel import generate_data_parallel
 
@@ -201,12 +201,6 @@ def generate(
             engine_name = f"{options.engine} x{options.data_parallel}"
         elif pending:
             engine_name = _generate_pending(model, pending, output, options, meter, source)
-    except PtError as exc:
-        output.abandon()  # rows written so far stay in the partial file
-        raise with_kept_rows(exc, output.path) from exc.__cause__
-    except BaseException:
-        output.close()
-        raise
     total = output.finalize(order=_input_order(rows))
     return {
         "rows": total,
@@ -264,6 +258,13 @@ def _open_engine(model: str, tokenizer, options: GenerateOptions):
         from pt_rollout.openai_api.client import EndpointEngine
 
         return EndpointEngine(options.endpoint, model, tokenizer)
+    return load_local_engine(model, options, max_logprobs=max(20, options.logprobs_top_k))
+
+
+def load_local_engine(model: str, options, *, max_logprobs: int):
+    """The engine ``options`` (generate's or serve-openai's: ``engine``, ``dtype``, ``seed``,
+    ``tensor_parallel``, ``gpu_memory_utilization``, ``max_model_len``, ``logprobs_mode``,
+    ``decoder``) describe, loaded with ``model``."""
     from pt_rollout.engines import load_engine
 
     return load_engine(
@@ -274,7 +275,7 @@ def _open_engine(model: str, tokenizer, options: GenerateOptions):
         tensor_parallel_size=options.tensor_parallel,
         gpu_memory_utilization=options.gpu_memory_utilization,
         max_model_len=options.max_model_len,
-        max_logprobs=max(20, options.logprobs_top_k),
+        max_logprobs=max_logprobs,
         logprobs_mode=options.logprobs_mode,
         hf_decoder=options.decoder,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from pt_core.errors import (
@@ -116,6 +116,19 @@ class ResumableOutput:
 
     def close(self) -> None:
         self._appender.close()
+
+    @contextlib.contextmanager
+    def kept_on_error(self) -> Iterator[None]:
+        """Around the work that writes rows: an error closes the output, and one pt reports
+        says how many rows the partial file keeps for the same command to resume after."""
+        try:
+            yield
+        except PtError as exc:
+            self.abandon()
+            raise with_kept_rows(exc, self.path) from exc.__cause__
+        except BaseException:
+            self.close()  # rows written so far stay in the partial file
+            raise
 
     def abandon(self) -> None:
         """Close after an error: the partial file stays where it holds rows (the same

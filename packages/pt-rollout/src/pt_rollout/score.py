@@ -15,12 +15,12 @@ import os
 import time
 from pathlib import Path
 
-from pt_core.errors import ConfigError, InputError, PtError
+from pt_core.errors import ConfigError, InputError
 from pt_core.files import iter_rows, require_columns
 from pt_core.log import get_logger
 from pt_rollout.generate import refuse_engine_options
 from pt_rollout.openai_api.client import EndpointEngine, EndpointOptions
-from pt_rollout.output import ResumableOutput, row_key, with_kept_rows
+from pt_rollout.output import ResumableOutput, row_key
 from pt_rollout.throughput import Throughput
 
 log = get_logger(__name__)
@@ -83,19 +83,13 @@ def score(
     )
     meter = Throughput("score", total=len(rows), done=output.resumed, unit="rows")
     engine_name = engine
-    try:
+    with output.kept_on_error():
         if pending:
             engine_name = _score_pending(
                 _open_scorer(teacher, engine, dtype, tensor_parallel, gpu_memory_utilization,
                              max_model_len, top_k, endpoint, tokenizer),
                 pending, output, meter, path, top_k, at_student_topk, batch_size, teacher_model,
             )  # fmt: skip
-    except PtError as exc:
-        output.abandon()  # rows written so far stay in the partial file
-        raise with_kept_rows(exc, output.path) from exc.__cause__
-    except BaseException:
-        output.close()
-        raise
     position = {row_key(r["id"], r["sample"]): i for i, r in enumerate(rows)}
     total = output.finalize(
         order=lambda r: (position.get(row_key(r["id"], r["sample"]), len(rows)),)

@@ -33,7 +33,7 @@ from typing import Any
 from pt_core.errors import ConfigError, PtError
 from pt_core.log import get_logger
 from pt_rollout.engines.base import Completion, Engine, Request, SamplingParams
-from pt_rollout.generate import completion_text
+from pt_rollout.generate import completion_text, load_local_engine
 from pt_rollout.openai_api.protocol import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -697,7 +697,7 @@ def serve_checkpoint(model: str, options: ServeOptions) -> None:
     """Load ``model`` in an engine and serve it until Ctrl-C."""
     from transformers import AutoTokenizer
 
-    from pt_rollout.engines import load_engine, resolve_engine
+    from pt_rollout.engines import resolve_engine
     from pt_rollout.prompts import stop_token_ids, use_chat_template
 
     host, port = parse_listen(options.listen)
@@ -726,18 +726,7 @@ def serve_checkpoint(model: str, options: ServeOptions) -> None:
         # and computes the next step while this process answers the last one's requests
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     tokenizer = use_chat_template(AutoTokenizer.from_pretrained(model), options.chat_template)
-    engine = load_engine(
-        options.engine,
-        model,
-        dtype=options.dtype,
-        seed=options.seed,
-        tensor_parallel_size=options.tensor_parallel,
-        gpu_memory_utilization=options.gpu_memory_utilization,
-        max_model_len=options.max_model_len,
-        max_logprobs=options.max_logprobs,
-        logprobs_mode=options.logprobs_mode,
-        hf_decoder=options.decoder,
-    )
+    engine = load_local_engine(model, options, max_logprobs=options.max_logprobs)
     if options.max_model_len is not None and engine.name != "vllm":
         engine.close()
         raise ConfigError(
