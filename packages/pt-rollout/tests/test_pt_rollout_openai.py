@@ -189,24 +189,29 @@ def test_off_loopback_a_key_is_required(tiny_model_dir, tmp_path, cli):
                "0.0.0.0:0", check=False)  # fmt: skip
     one_error(proc, 2, "no API key", "--api-key-env")
     keyed = start_pt_server(tiny_model_dir, tmp_path / "keyed.log", "--engine", "hf",
-                            "--api-key-env", "PT_TEST_KEY", env={"PT_TEST_KEY": "s3cret"})  # fmt: skip
+                            "--api-key-env", "PT_TEST_KEY", "--served-model-name", "policy",
+                            env={"PT_TEST_KEY": "s3cret"})  # fmt: skip
     try:
         with pytest.raises(openai.AuthenticationError):
             client(keyed, api_key="wrong").models.list()
-        assert client(keyed, api_key="s3cret").models.list().data[0].id == keyed.model
+        assert client(keyed, api_key="s3cret").models.list().data[0].id == "policy"
         prompts = tmp_path / "p.jsonl"
         prompts.write_text(json.dumps({"id": 0, "prompt": "hi"}) + "\n")
         out = tmp_path / "out.jsonl"
         # pt's client without the key: one line saying which variable it read
-        proc = cli("pt-rollout", "generate", "--endpoint", keyed.url, "--model", tiny_model_dir,
-                   "--prompts", prompts, "--out", out, check=False,
-                   env={"OPENAI_API_KEY": ""})  # fmt: skip
+        served = ["--endpoint", keyed.url, "--model", "policy", "--tokenizer", tiny_model_dir]
+        proc = cli("pt-rollout", "generate", *served, "--prompts", prompts, "--out", out,
+                   check=False, env={"OPENAI_API_KEY": ""})  # fmt: skip
         one_error(proc, 2, "OPENAI_API_KEY is unset", "HTTP 401")
         assert not list(tmp_path.glob("out.jsonl*"))
-        proc = cli("pt-rollout", "generate", "--endpoint", keyed.url, "--model", tiny_model_dir,
-                   "--prompts", prompts, "--out", out, "--api-key-env", "PT_TEST_KEY",
-                   "--n", "1", "--max-tokens", "4", env={"PT_TEST_KEY": "s3cret"})  # fmt: skip
-        assert manifest(proc)["rows"] == 1
+        # a served name that is no directory here wants --tokenizer
+        proc = cli("pt-rollout", "generate", "--endpoint", keyed.url, "--model", "policy",
+                   "--prompts", prompts, "--out", out, check=False)  # fmt: skip
+        one_error(proc, 2, "--model 'policy'", "--tokenizer DIR")
+        proc = cli("pt-rollout", "generate", *served, "--prompts", prompts, "--out", out,
+                   "--api-key-env", "PT_TEST_KEY", "--n", "1", "--max-tokens", "4",
+                   env={"PT_TEST_KEY": "s3cret"})  # fmt: skip
+        assert (manifest(proc)["rows"], manifest(proc)["model"]) == (1, "policy")
     finally:
         keyed.stop()
 
