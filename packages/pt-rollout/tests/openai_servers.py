@@ -10,8 +10,10 @@ report, which a healthy server does not give on demand.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -32,7 +34,10 @@ class Served:
     proc: subprocess.Popen
     log: Path
 
-    def stop(self) -> None:
+    def stop(self) -> list[str]:
+        """SIGTERM, as a user's Ctrl-C or a job's end: the server must stop with every
+        process it started. Returns the names of those still left in its process group
+        (its own session), which are then killed."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -40,6 +45,32 @@ class Served:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        deadline = time.monotonic() + 10  # a child may take a moment to follow
+        while (left := _group(self.proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return list(left.values())
+
+
+def _group(pgid: int) -> dict[int, str]:
+    """The live processes of process group ``pgid``: pid -> name."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, fields = (
+            stat[stat.index("(") + 1 : stat.rindex(")")],
+            stat[stat.rindex(")") + 2 :].split(),
+        )
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found[int(entry.name)] = name
+    return found
 
 
 def free_port() -> int:
@@ -55,7 +86,7 @@ def start_pt_server(model, log: Path, *args, python=None, env=None, timeout=300)
     command += ["serve-openai", "--model", str(model), "--listen", "127.0.0.1:0", *map(str, args)]
     errors = open(log, "w")  # noqa: SIM115 (the process writes to it until it stops)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True,
-                            env={**os.environ, **(env or {})})  # fmt: skip
+                            env={**os.environ, **(env or {})}, start_new_session=True)  # fmt: skip
     line = _first_line(proc, timeout)
     if not line.startswith(READY):
         proc.kill()
@@ -72,7 +103,7 @@ def start_vllm_server(python, model, log: Path, *args, env=None, timeout=600) ->
                "--host", "127.0.0.1", "--port", str(port), *map(str, args)]  # fmt: skip
     errors = open(log, "w")  # noqa: SIM115
     proc = subprocess.Popen(command, stdout=errors, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})})  # fmt: skip
+                            env={**os.environ, **(env or {})}, start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -37,7 +37,7 @@ def server(tiny_model_dir, tmp_path_factory):
         tiny_model_dir, tmp_path_factory.mktemp("server") / "server.log", "--engine", "hf"
     )
     yield served
-    served.stop()
+    assert served.stop() == []
 
 
 @pytest.fixture(scope="module")

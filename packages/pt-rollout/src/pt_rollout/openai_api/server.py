@@ -22,6 +22,7 @@ import hmac
 import ipaddress
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -245,6 +246,11 @@ class OpenAIServer:
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                                 timeout_keep_alive=60)  # fmt: skip
         self._uvicorn = uvicorn.Server(config)
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn stops on SIGTERM and then raises it again with the handler it found:
+            # Python's default would end the process here, before the engine is closed (a
+            # vLLM engine core in a process of its own would be left running)
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             self._uvicorn.run(sockets=[sock])
         finally:
@@ -623,6 +629,10 @@ class OpenAIServer:
     @staticmethod
     def _id_text(token_id: int) -> str:
         return f"token_id:{token_id}"
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 async def _forward(sink: _Sink, indices: list[int], out: asyncio.Queue) -> None:
