@@ -28,7 +28,19 @@ PROMPTS = [
     {"id": "c", "prompt": [{"role": "system", "content": "Be brief."},
                            {"role": "user", "content": "Count to three."}], "answer": "3"},
 ]  # fmt: skip
-SAMPLING = ["--n", "2", "--max-tokens", "12", "--temperature", "1.0", "--seed", "7"]
+# "What" ends two of the six samples of this model early (a stop string, sent as such)
+SAMPLING = [
+    "--n",
+    "2",
+    "--max-tokens",
+    "12",
+    "--temperature",
+    "1.0",
+    "--seed",
+    "7",
+    "--stop",
+    "What",
+]
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +257,7 @@ def test_generate_and_score_through_the_server_equal_the_engine_in_process(
     for key in ("id", "sample", "prompt_token_ids", "completion_token_ids", "completion",
                 "finish_reason", "student_topk_ids"):  # fmt: skip
         assert [r[key] for r in through] == [r[key] for r in local], key
+    assert [r["finish_reason"] for r in through].count("stop") == 2  # the stop string's
     assert largest_difference([r["completion_logprobs"] for r in through],
                               [r["completion_logprobs"] for r in local]) < 1e-5  # fmt: skip
     scores = tmp_path / "scores.jsonl"
