@@ -13,6 +13,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# threadpoolctl (scikit-learn's, which lm-eval brings) sets this on import, in a test's
+# process that imports it: set here first, so the zygote's environment and a command's
+# agree whether or not a test has imported it (tests/zygote.py forks only where they do).
+os.environ.setdefault("KMP_DUPLICATE_LIB_OK", "True")
 # GiB of RAM for a vLLM-CPU engine's KV cache: the tests' models need a few MiB of it,
 # and each engine start zeroes all of it (4 GiB, pt's default, took 2.3 s a start).
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
