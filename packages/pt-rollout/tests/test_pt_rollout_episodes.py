@@ -195,3 +195,105 @@ def test_an_environment_that_is_not_one_is_refused_with_the_key(monkeypatch):
         Environment("episode_envs:Guess", {"lowest": 3})
     with pytest.raises(ConfigError, match="does not name a class"):
         Environment("episode_envs")
+
+
+def write_guess_prompts(path, count: int = 4):
+    import json
+
+    path.write_text("".join(json.dumps({"id": i, "prompt": "guess", "secret": 3 + i % 5}) + "\n"
+                            for i in range(count)))  # fmt: skip
+    return path
+
+
+def check_episode_rows(rows: list[dict], tokenizer, template: TurnTemplate) -> None:
+    """What an episode row holds, checked against the template and the trainer's reading:
+    each policy span decodes to its assistant turn's text (before the end-of-turn token),
+    each environment span is the template's ids for the answer that follows, the mask is 1
+    on the policy spans alone, the log-probs are there on them alone, and the trainer's
+    labels are the policy's ids."""
+    from pt_train.producers.rollouts import sample_from_row
+
+    for row in rows:
+        ids, mask = row["completion_token_ids"], row["completion_mask"]
+        policy = [t for t in row["turns"] if t["role"] == "policy"]
+        replies = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        assert len(policy) == len(replies) == row["num_turns"]
+        for span, reply in zip(policy, replies, strict=True):
+            assert (
+                tokenizer.decode(ids[span["start"] : span["end"]], skip_special_tokens=True)
+                == reply
+            )
+            assert mask[span["start"] : span["end"]] == [1] * (span["end"] - span["start"])
+        answers = [m for m in row["messages"][1:] if m["role"] != "assistant"]
+        for span, answer in zip([t for t in row["turns"] if t["role"] == "environment"], answers,
+                                strict=False):  # fmt: skip
+            assert ids[span["start"] : span["end"]] == template.append([answer])
+            assert set(mask[span["start"] : span["end"]]) == {0}
+        assert [lp is not None for lp in row["completion_logprobs"]] == [bool(m) for m in mask]
+        sample = sample_from_row(row, "row", ["completion_logprobs"])
+        trained = [i for i, m in zip(ids, mask, strict=True) if m]
+        assert [int(t) for t in sample.labels if t != -100] == trained
+
+
+@pytest.mark.slow  # a pt-rollout generate
+def test_generate_with_an_environment_writes_episodes_and_resumes(
+    tmp_path, chatty_model_dir, tiny_tokenizer
+):
+    """pt-rollout generate --env plays each (prompt, sample) as an episode with the HF
+    engine; the rows hold what the trainer needs; a second run finds every row done."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prompts = write_guess_prompts(tmp_path / "prompts.jsonl")
+    out = tmp_path / "episodes.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    cmd = [str(Path(sys.executable).parent / "pt-rollout"), "generate", "--model",
+           str(chatty_model_dir), "--prompts", str(prompts), "--env", "episode_envs:Guess",
+           "--n", "2", "--max-tokens", "16", "--max-turns", "4", "--logprobs", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 8 and any(r["num_turns"] > 1 for r in rows)
+    assert all(r["num_turns"] <= 4 for r in rows)
+    check_episode_rows(rows, tiny_tokenizer, TurnTemplate(tiny_tokenizer))
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert json.loads(again.stdout)["resumed"] == 8 and json.loads(again.stdout)["generated"] == 0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_generate_with_an_environment_on_vllm_keeps_the_ids_it_sampled(
+    tmp_path, chatty_qwen_dir, qwen_tokenizer, monkeypatch
+):
+    """The same with the vLLM-CPU engine on the real-shape Qwen2 (its ChatML with a default
+    system turn): the rows' spans, masks and log-probs are what the template and the
+    trainer expect."""
+    import json
+    from pathlib import Path
+
+    from test_pt_rollout_vllm import VLLM_BIN, require_vllm, run_in_vllm_env
+
+    require_vllm()
+    prompts = write_guess_prompts(tmp_path / "prompts.jsonl")
+    out = tmp_path / "episodes.jsonl"
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    run_in_vllm_env(
+        [VLLM_BIN / "pt-rollout", "generate", "--engine", "vllm", "--model", chatty_qwen_dir,
+         "--prompts", prompts, "--env", "episode_envs:Guess", "--n", "2", "--max-tokens", "16",
+         "--max-turns", "4", "--logprobs", "--out", out],
+    )  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 8 and any(r["num_turns"] > 1 for r in rows)
+    check_episode_rows(rows, qwen_tokenizer, TurnTemplate(qwen_tokenizer))
+
+
+def test_generate_refuses_episode_options_that_cannot_apply():
+    from pt_rollout.generate import GenerateOptions
+
+    with pytest.raises(ConfigError, match="--max-turns bounds an episode: it needs --env"):
+        GenerateOptions(max_turns=3)
+    with pytest.raises(ConfigError, match="--env with --no-template"):
+        GenerateOptions(env="episode_envs:Guess", template=False)

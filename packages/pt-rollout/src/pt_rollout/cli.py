@@ -198,6 +198,22 @@ def generate_cmd(
     concurrency: int = CONCURRENCY_OPTION,
     timeout: float = TIMEOUT_OPTION,
     retries: int = RETRIES_OPTION,
+    env: str = typer.Option(
+        None,
+        "--env",
+        help="Play each sample as an episode of an environment: module:Class, "
+        "path/to/file.py:Class, or a YAML file with an environment section (name, options, "
+        "max_turns, max_tokens). Rows add completion_mask, turns and messages.",
+    ),
+    max_turns: int = typer.Option(
+        None, "--max-turns", help="With --env: the policy's turns in an episode at most (8)."
+    ),
+    max_episode_tokens: int = typer.Option(
+        None,
+        "--max-episode-tokens",
+        help="With --env: the ids after an episode's prompt at most, the environment's "
+        "included (4096).",
+    ),
 ) -> None:
     """Generate n completions per prompt: one rollouts row per (id, sample)."""
     from pt_rollout.generate import GenerateOptions, generate
@@ -237,6 +253,9 @@ def generate_cmd(
         max_model_len=max_model_len,
         endpoint=server,
         tokenizer=tokenizer,
+        env=env,
+        max_turns=max_turns,
+        max_episode_tokens=max_episode_tokens,
     )
     try:
         summary = generate(model, prompts, out, options)

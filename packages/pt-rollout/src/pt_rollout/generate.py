@@ -61,6 +61,11 @@ class GenerateOptions:
     # local tokenizer prompts are made with (default: ``model``'s)
     endpoint: EndpointOptions | None = None
     tokenizer: str | None = None
+    # episodes of an environment (pt_rollout.episodes): module:Class, file.py:Class or a
+    # YAML file with the environment section; and its limits, over the section's
+    env: str | None = None
+    max_turns: int | None = None
+    max_episode_tokens: int | None = None
 
     def __post_init__(self):
         if self.n < 1:
@@ -110,10 +115,30 @@ class GenerateOptions:
                     "(vllm serve --logprobs-mode processed_logprobs, pt-rollout serve-openai "
                     "--logprobs-mode processed)",
                 )
+        self._check_environment()
         try:
             self.sampling(())
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    def _check_environment(self) -> None:
+        if self.env is None:
+            for name in ("max_turns", "max_episode_tokens"):
+                if getattr(self, name) is not None:
+                    flag = "--" + name.replace("_", "-")
+                    raise ConfigError(
+                        f"{flag} bounds an episode: it needs --env",
+                        hint=f"add --env or drop {flag}",
+                    )
+            return
+        if not self.template:
+            raise ConfigError(
+                "--env with --no-template: an episode's turns are appended with the chat "
+                "template's text between them",
+                hint="drop --no-template",
+            )
+        if self.env.endswith((".yaml", ".yml")) and Path(self.env).is_file():
+            self.env = str(Path(self.env).resolve())  # workers may cd
 
     def sampling(self, stop_token_ids: tuple[int, ...]) -> SamplingParams:
         return SamplingParams(
@@ -233,20 +258,32 @@ def _generate_pending(model, pending, output, options, meter, source) -> str:
     sampling = options.sampling(
         stop_token_ids(tokenizer_path, tokenizer, template=options.template)
     )
+    episodes = None
     token_ids = {}
-    for row, _ in pending:
-        if row.position not in token_ids:
-            token_ids[row.position] = prompt_token_ids(
-                tokenizer, row.prompt, template=options.template, system=options.system
-            )
+    if options.env is not None:
+        from pt_rollout.episodes.generate import EpisodeBatches
+
+        episodes = EpisodeBatches(tokenizer, options)  # its errors before the engine loads
+        first = episodes.template.opening([{"role": "user", "content": "Hello."}])
+    else:
+        for row, _ in pending:
+            if row.position not in token_ids:
+                token_ids[row.position] = prompt_token_ids(
+                    tokenizer, row.prompt, template=options.template, system=options.system
+                )
+        first = token_ids[pending[0][0].position]
     with _open_engine(model, tokenizer, options) as engine, meter:
         engine_name = engine.name
         if options.endpoint is not None:
-            engine.check_tokenizer(token_ids[pending[0][0].position])  # pyright: ignore[reportAttributeAccessIssue]
-        _check_prompt_lengths(pending, token_ids, engine.max_model_len, source)
+            engine.check_tokenizer(first)  # pyright: ignore[reportAttributeAccessIssue]
+        if episodes is None:
+            _check_prompt_lengths(pending, token_ids, engine.max_model_len, source)
         for start in range(0, len(pending), options.batch_size):
             batch = pending[start : start + options.batch_size]
-            new_rows = _generate_batch(engine, tokenizer, batch, token_ids, sampling, options)
+            if episodes is not None:
+                new_rows = episodes.rows(engine, batch, sampling)
+            else:
+                new_rows = _generate_batch(engine, tokenizer, batch, token_ids, sampling, options)
             output.write(new_rows)
             meter.advance(len(new_rows), sum(len(r["completion_token_ids"]) for r in new_rows))
     return engine_name

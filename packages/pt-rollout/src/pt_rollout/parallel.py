@@ -87,6 +87,10 @@ def worker_args(options) -> list[str]:
         args += ["--gpu-memory-utilization", options.gpu_memory_utilization]
     if options.max_model_len is not None:
         args += ["--max-model-len", options.max_model_len]
+    for flag, value in (("--env", options.env), ("--max-turns", options.max_turns),
+                        ("--max-episode-tokens", options.max_episode_tokens)):  # fmt: skip
+        if value is not None:
+            args += [flag, value]
     return [str(a) for a in args]
 
 
