@@ -261,6 +261,13 @@ ELSEWHERE: dict[str, str | tuple[str, str]] = {
     "pt-rollout serve-openai --model ckpt --listen 127.0.0.1:8000 --engine vllm": "packages/"
     "pt-rollout/tests/test_pt_rollout_openai_vllm.py::"
     "test_pt_serve_openai_on_vllm_samples_what_vllm_serve_samples",
+    # episodes of an environment (the Guess game of the docs, episode_envs.Guess in the
+    # tests), written by generate and shown by inspect
+    "pt-rollout generate --model ckpt --prompts rows.jsonl --env guess.py:Guess --n 4"
+    " --max-turns 8 --out episodes.jsonl": "packages/pt-rollout/tests/test_pt_rollout_episodes.py"
+    "::test_generate_with_an_environment_writes_episodes_and_resumes",
+    "pt-data inspect episodes.jsonl --tokenizer ckpt": "packages/pt-data/tests/"
+    "test_pt_data_tool_chats.py::test_inspect_shows_an_episode_with_the_environments_tokens_not_trained",
     # a model directory whose tokenizer has no chat template, given ChatML
     "pt-rollout generate --model models/base --prompts prompts.jsonl --chat-template chatml": "tests/test_real_shapes.py::test_rollout_takes_a_chat_template_when_the_model_has_none",
 }
