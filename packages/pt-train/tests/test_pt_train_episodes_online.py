@@ -95,3 +95,42 @@ def test_an_episode_whose_turns_came_from_other_weights_records_each_turns_versi
     metrics = read_metrics(run_dir)
     assert max(m["samples_spanning_versions"] for m in metrics) > 0
     assert max(m["token_staleness_max"] for m in metrics) > 0
+
+
+def test_opd_on_episodes_distils_the_policys_turns_alone(
+    tmp_path, chatty_model_dir, other_model_dir
+):
+    """OPD in episodes: the teacher scores every id of an episode once it is over (the
+    environment's are its context), and a step trains the policy's ids alone: its trained
+    tokens are the sum of the rows' masks."""
+    import subprocess
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": "guess", "secret": 2 + i % 4}) + "\n"
+                               for i in range(4)))  # fmt: skip
+    cfg = {
+        "run_name": "opd", "output_dir": str(tmp_path / "runs"),
+        "model": {"name_or_path": str(chatty_model_dir)},
+        "objective": {"name": "opd", "loss": "forward_kl",
+                      "teacher": {"path": str(other_model_dir), "top_k": 4}},
+        "environment": {"name": "episode_envs:Guess", "options": {"high": 5}, "max_turns": 3},
+        "rollout": {"prompts": str(prompts), "samples_per_prompt": 2, "max_tokens": 12},
+        "training": {"seed": 0, "learning_rate": 1e-3, "global_batch_size": 4,
+                     "micro_batch_size": 2, "max_steps": 2},
+    }  # fmt: skip
+    path = tmp_path / "opd.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": str(ENVS), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(Path(sys.executable).parent / "pt-train"), "run", str(path)],
+                          capture_output=True, text=True, env=env, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = rows_of(tmp_path / "runs" / "opd")
+    assert any(r["num_turns"] > 1 for r in rows)
+    for row in rows:
+        assert len(row["teacher_topk_ids"]) == len(row["completion_token_ids"])
+    metrics = read_metrics(tmp_path / "runs" / "opd")
+    per_step = [rows[i : i + 4] for i in range(0, len(rows), 4)]
+    assert [m["step_trained_tokens"] for m in metrics] == [
+        sum(sum(r["completion_mask"]) for r in step) for step in per_step
+    ]
+    assert all(m["kl"] is not None and m["kl"] >= 0 for m in metrics)
