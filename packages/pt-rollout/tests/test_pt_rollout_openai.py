@@ -111,8 +111,8 @@ def one_error(proc, code: int, *needles: str) -> str:
 
 
 def test_openai_client_gets_what_the_engine_samples(server, engine, tiny_tokenizer):
+    from pt_rollout.columns import completion_text
     from pt_rollout.engines import Request, SamplingParams
-    from pt_rollout.generate import completion_text
     from pt_rollout.prompts import stop_token_ids
 
     api = client(server)

@@ -17,7 +17,10 @@ A scores row adds the teacher's view of each completion token: ``teacher_token_l
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pt_rollout.prompts import PromptRow
 
 COMPLETION_LOGPROBS = "completion_logprobs"
 STUDENT_TOPK_IDS = "student_topk_ids"
@@ -62,3 +65,30 @@ def score_columns(scores: Any, *, top_k: int, at_student_topk: bool) -> dict:
     if at_student_topk:
         out[TEACHER_STUDENT_TOPK_LOGPROBS] = field_of(scores, "at_ids_logprobs") or []
     return out
+
+
+def completion_text(tokenizer, token_ids: list[int], stop: list[str]) -> str:
+    """The completion as text: special tokens dropped, cut before the first stop string."""
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    cuts = [text.find(s) for s in stop if s and s in text]
+    return text[: min(cuts)] if cuts else text
+
+
+def rollout_row(
+    row: PromptRow, sample: int, prompt_ids: list[int], completion, tokenizer, stop: list[str],
+    *, logprobs: bool | None = None, extra: dict | None = None,
+) -> dict:  # fmt: skip
+    """One rollouts row (:mod:`pt_rollout.columns`): the prompt row's ``sample``-th
+    completion, its text cut at the first of ``stop``, then ``extra`` and the prompt row's
+    other columns (a column of the row never overwrites one of the sample's)."""
+    columns = completion_columns(completion, logprobs=logprobs)
+    record = {
+        "id": row.id,
+        "sample": sample,
+        **(extra or {}),
+        "prompt": row.prompt,
+        "completion": completion_text(tokenizer, columns["completion_token_ids"], stop),
+        "prompt_token_ids": list(prompt_ids),
+        **columns,
+    }
+    return {**record, **{k: v for k, v in row.columns.items() if k not in record}}

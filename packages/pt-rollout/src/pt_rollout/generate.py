@@ -11,8 +11,6 @@ the output does not depend on batching, engine restarts or resuming.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,7 +18,8 @@ from pathlib import Path
 
 from pt_core.errors import ConfigError, InputError
 from pt_core.log import get_logger
-from pt_rollout.engines import SamplingParams
+from pt_rollout.columns import rollout_row
+from pt_rollout.engines import SamplingParams, sample_seed
 from pt_rollout.openai_api.client import EndpointOptions
 from pt_rollout.output import ResumableOutput, row_key
 from pt_rollout.prompts import PromptRow, prompt_token_ids, prompts_path, read_prompts
@@ -165,19 +164,6 @@ def refuse_engine_options(**given: bool) -> None:
             "are options of a local engine",
             hint=f"drop {', '.join(named)} (the server's own options set them)",
         )
-
-
-def sample_seed(seed: int, row_id, sample: int) -> int:
-    """The sampler seed of one (id, sample): stable across runs, batches and engines."""
-    text = f"{seed}\0{json.dumps(row_id, sort_keys=True, default=str)}\0{sample}"
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big") >> 1
-
-
-def completion_text(tokenizer, token_ids: list[int], stop: list[str]) -> str:
-    """The completion as text: special tokens dropped, cut before the first stop string."""
-    text = tokenizer.decode(token_ids, skip_special_tokens=True)
-    cuts = [text.find(s) for s in stop if s and s in text]
-    return text[: min(cuts)] if cuts else text
 
 
 def generate(
@@ -337,28 +323,6 @@ def _generate_batch(engine, tokenizer, batch, token_ids, sampling, options) -> l
         rollout_row(row, sample, token_ids[row.position], completion, tokenizer, options.stop)
         for (row, sample), completion in zip(batch, completions, strict=True)
     ]
-
-
-def rollout_row(
-    row: PromptRow, sample: int, prompt_ids: list[int], completion, tokenizer, stop: list[str],
-    *, logprobs: bool | None = None, extra: dict | None = None,
-) -> dict:  # fmt: skip
-    """One rollouts row (:mod:`pt_rollout.columns`): the prompt row's ``sample``-th
-    completion, its text cut at the first of ``stop``, then ``extra`` and the prompt row's
-    other columns (a column of the row never overwrites one of the sample's)."""
-    from pt_rollout.columns import completion_columns
-
-    columns = completion_columns(completion, logprobs=logprobs)
-    record = {
-        "id": row.id,
-        "sample": sample,
-        **(extra or {}),
-        "prompt": row.prompt,
-        "completion": completion_text(tokenizer, columns["completion_token_ids"], stop),
-        "prompt_token_ids": list(prompt_ids),
-        **columns,
-    }
-    return {**record, **{k: v for k, v in row.columns.items() if k not in record}}
 
 
 def _check_prompt_lengths(pending, token_ids, max_model_len: int, source) -> None:

@@ -107,8 +107,8 @@ class Evaluator:
 
     def _generate_and_grade(self) -> dict:
         from pt_eval.grade import GradeOptions, grade_rows
-        from pt_rollout.engines import Request, SamplingParams
-        from pt_rollout.generate import completion_text, sample_seed
+        from pt_rollout.columns import completion_text
+        from pt_rollout.engines import Request, SamplingParams, sample_seed
         from pt_rollout.prompts import prompt_token_ids, prompts_path, read_prompts, stop_token_ids
 
         g = self.cfg.generate

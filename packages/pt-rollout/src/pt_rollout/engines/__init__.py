@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from pt_core.errors import ConfigError
-from pt_rollout.engines.base import Completion, Engine, Request, SamplingParams, TokenScores
+from pt_rollout.engines.base import (
+    Completion,
+    Engine,
+    Request,
+    SamplingParams,
+    TokenScores,
+    sample_seed,
+)
 
 ENGINES = ("auto", "vllm", "hf")
 
@@ -16,6 +23,7 @@ __all__ = [
     "TokenScores",
     "load_engine",
     "resolve_engine",
+    "sample_seed",
 ]
 
 

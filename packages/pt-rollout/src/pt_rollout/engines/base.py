@@ -6,6 +6,8 @@ everything below it is the engine's business (batching, KV cache, sampling kerne
 
 from __future__ import annotations
 
+import hashlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -169,3 +171,9 @@ class Engine(ABC):
 
     def __exit__(self, *exc):
         self.close()
+
+
+def sample_seed(seed: int, row_id, sample: int) -> int:
+    """The sampler seed of one (id, sample): stable across runs, batches and engines."""
+    text = f"{seed}\0{json.dumps(row_id, sort_keys=True, default=str)}\0{sample}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big") >> 1

@@ -97,8 +97,7 @@ class EpisodeRunner:
 
     def requests(self, episodes: Sequence[Episode]) -> list:
         """A request for each open episode's next turn, with the turn's own seed."""
-        from pt_rollout.engines import Request
-        from pt_rollout.generate import sample_seed
+        from pt_rollout.engines import Request, sample_seed
 
         return [
             Request(
@@ -131,7 +130,7 @@ class EpisodeRunner:
     # ------------------------------------------------------------------ one turn
 
     def _take_turn(self, episode: Episode, completion, version: int) -> None:
-        from pt_rollout.generate import completion_text
+        from pt_rollout.columns import completion_text
 
         sampled = list(field_of(completion, "token_ids"))
         n = len(sampled)

@@ -33,8 +33,9 @@ from typing import Any
 
 from pt_core.errors import ConfigError, PtError
 from pt_core.log import get_logger
+from pt_rollout.columns import completion_text
 from pt_rollout.engines.base import Completion, Engine, Request, SamplingParams
-from pt_rollout.generate import completion_text, load_local_engine
+from pt_rollout.generate import load_local_engine
 from pt_rollout.openai_api.protocol import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,

@@ -45,9 +45,8 @@ class RoundBuilder:
         return row
 
     def _row(self, index: int, request: SampleRequest, completion, score, version: int) -> dict:
-        from pt_rollout.columns import field_of
+        from pt_rollout.columns import field_of, rollout_row
         from pt_rollout.episodes import Episode
-        from pt_rollout.generate import rollout_row
 
         if isinstance(completion, Episode):
             return self._scored(self._episode_row(index, request, completion), score)

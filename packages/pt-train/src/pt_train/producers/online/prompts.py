@@ -66,8 +66,7 @@ class PromptStream:
         return requests
 
     def _of(self, position: int, seed_key: list) -> list[SampleRequest]:
-        from pt_rollout.engines import Request
-        from pt_rollout.generate import sample_seed
+        from pt_rollout.engines import Request, sample_seed
         from pt_rollout.prompts import prompt_token_ids
 
         prompt = self.prompts[position]
