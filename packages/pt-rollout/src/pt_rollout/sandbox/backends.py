@@ -124,8 +124,10 @@ def bwrap_command(dirs: tuple[str, ...], scratch_bytes: int) -> list[str]:
 
 
 def unshare_command() -> list[str]:
-    """unshare and its options: the namespaces; inside.py makes the view as pid 1."""
-    return [_which("unshare"), "--net", "--pid", "--mount", "--ipc", "--uts", "--cgroup",
+    """unshare and its options: the namespaces; inside.py makes the view as pid 1.
+    setpriv first has unshare killed if its caller dies (bwrap's --die-with-parent):
+    unshare then kills the namespace's first process, and the kernel the rest."""
+    return [_which("setpriv"), "--pdeathsig", "KILL", "--", _which("unshare"), "--net", "--pid", "--mount", "--ipc", "--uts", "--cgroup",
             "--fork", "--kill-child", "--propagation", "private", "--mount-proc", "--"]  # fmt: skip
 
 
@@ -148,8 +150,9 @@ def unavailable_reason(backend: str) -> str | None:
             f"sandbox backend {backend!r} is not one of {', '.join(BACKENDS)}",
             hint="give bwrap, unshare, or none (the first of them that works here)",
         )
-    if shutil.which(backend) is None:
-        return f"{backend} ({PACKAGES[backend]}) is not installed"
+    for program in (backend, "setpriv") if backend == "unshare" else (backend,):
+        if shutil.which(program) is None:
+            return f"{program} ({PACKAGES[backend]}) is not installed"
     if backend == "unshare" and os.geteuid() != 0:
         return "the unshare fallback needs root"
     return None
