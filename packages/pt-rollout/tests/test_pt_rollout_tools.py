@@ -359,3 +359,16 @@ def test_a_toolbox_does_not_import_what_it_does_not_need():
 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout == "False\n", done.stderr
+
+
+def test_the_docs_example_runs(qwen_tokenizer, tmp_path, monkeypatch):
+    """docs/pt-rollout.md's Tools section: its first Python block is calc.py, its second
+    runs beside it (with the real-shape Qwen tokenizer as ``tokenizer``)."""
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "pt-rollout.md").read_text()
+    section = docs.partition("\n## Tools (")[2].partition("\n## ")[0]
+    blocks = [b.partition("\n")[2] for b in section.split("```python")[1:]]
+    blocks = [b.partition("```")[0] for b in blocks]
+    assert len(blocks) == 2 and blocks[0].startswith("# calc.py\n")
+    (tmp_path / "calc.py").write_text(blocks[0])
+    monkeypatch.chdir(tmp_path)
+    exec(compile(blocks[1], "docs/pt-rollout.md", "exec"), {"tokenizer": qwen_tokenizer})
