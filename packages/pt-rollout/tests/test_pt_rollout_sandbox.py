@@ -471,22 +471,37 @@ print('mount', libc.mount(b'tmpfs', os.environ['HOST_TMP'].encode(), b'tmpfs', 0
     host.assert_unharmed(result)
 
 
-def test_a_user_namespace_of_its_own_gives_it_nothing_of_the_host(host):
-    """Under bwrap run by a user it may make none; where it may (bwrap as root, the
-    fallback), it is root in there over nothing more than it had: the planted file is still
-    out of sight, the repository still not writable."""
-    code = """import ctypes, os
+def test_the_kernel_interfaces_exploits_start_from_are_closed(host):
+    """A user namespace of its own (unshare, or clone with CLONE_NEWUSER), bpf, keyrings,
+    userfaultfd and io_uring fail with EPERM (the seccomp filter); clone3, whose flags a
+    filter cannot read, with ENOSYS, so that threads and processes are made with clone."""
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip(f"no seccomp filter on {os.uname().machine}")
+    code = """import ctypes, os, threading
 libc = ctypes.CDLL(None, use_errno=True)
-print(libc.unshare(0x10000000))  # CLONE_NEWUSER
-for path in (os.environ['PLANTED'], os.environ['REPO_TARGET']):
-    try:
-        open(path, 'a').write('x')
-        print('wrote')
-    except OSError as exc:
-        print(type(exc).__name__)
+numbers = {"x86_64": {"bpf": 321, "keyctl": 250, "userfaultfd": 323, "io_uring_setup": 425,
+                      "clone3": 435, "clone": 56},
+           "aarch64": {"bpf": 280, "keyctl": 219, "userfaultfd": 282, "io_uring_setup": 425,
+                       "clone3": 435, "clone": 220}}[os.uname().machine]
+for name, number in numbers.items():
+    first = 0x10000000 | 17 if name == "clone" else 0  # CLONE_NEWUSER | SIGCHLD
+    print(name, libc.syscall(number, first, 0, 0, 0, 0), os.strerror(ctypes.get_errno()))
+print("unshare", libc.unshare(0x10000000), os.strerror(ctypes.get_errno()))
+thread = threading.Thread(target=print, args=("a thread runs",))
+thread.start()
+thread.join()
 """
     result = host.run(code)
-    assert "wrote" not in result.stdout
+    assert result.stdout == (
+        "bpf -1 Operation not permitted\n"
+        "keyctl -1 Operation not permitted\n"
+        "userfaultfd -1 Operation not permitted\n"
+        "io_uring_setup -1 Operation not permitted\n"
+        "clone3 -1 Function not implemented\n"
+        "clone -1 Operation not permitted\n"
+        "unshare -1 Operation not permitted\n"
+        "a thread runs\n"
+    ), result.report()
     host.assert_unharmed(result)
 
 

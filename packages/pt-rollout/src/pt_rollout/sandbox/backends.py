@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import pwd
 import secrets
 import shutil
 import subprocess
@@ -59,7 +60,12 @@ def sandbox_user() -> int:
     which bwrap maps into a user namespace."""
     if os.geteuid() != 0:
         return os.geteuid()
-    return RUN_UIDS + secrets.randbelow(1 << 24)
+    while True:
+        uid = RUN_UIDS + secrets.randbelow(1 << 24)
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
 
 
 @functools.cache
