@@ -11,7 +11,10 @@ fallback); failed instead with ``PT_REQUIRE_SANDBOX=1`` or ``CI=true`` (.ci/run 
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
+import shutil
 import socket
 import subprocess
 import sys
@@ -518,6 +521,55 @@ def test_without_any_backend_the_sandbox_is_refused_with_the_fix(monkeypatch, tm
     with pytest.raises(SandboxUnavailable, match="no sandbox for model-written code") as caught:
         find_backend(sys.executable)
     assert "apt-get install bubblewrap" in str(caught.value.hint)
+
+
+AS_A_USER = """
+import json, os
+from pt_rollout.sandbox.run import backend_problem, find_backend, run_python
+result = run_python(
+    "import os\\nprint(os.getuid())\\nprint(open(os.environ['PLANTED']).read())",
+    python="/usr/bin/python3", env={"PLANTED": os.environ["PLANTED"]},
+)
+print(json.dumps({"uid": os.getuid(), "unshare": backend_problem("unshare", "/usr/bin/python3"),
+                  "chosen": find_backend("/usr/bin/python3"), "stdout": result.stdout,
+                  "stderr": result.stderr.splitlines()[-1], "backend": result.backend}))
+"""
+
+
+def test_as_a_user_who_is_not_root_bwrap_maps_the_user_into_a_user_namespace(tmp_path):
+    """Most users run pt as themselves: bwrap then makes a user namespace, the program
+    runs as that user in it, sees no home, and the fallback is refused (it needs root).
+    Run here as ``nobody``, with the system's interpreter (this environment's is in
+    root's home, which nobody may not read) and pt's sources on its path."""
+    if os.geteuid() != 0 or not Path("/usr/bin/python3").exists() or not shutil.which("setpriv"):
+        pytest.skip("needs root (to become nobody), setpriv and /usr/bin/python3")
+    if backend_problem("bwrap", sys.executable) is not None:
+        pytest.skip("bwrap cannot run here")
+    planted = Path.home() / f".pt-sandbox-planted-{uuid.uuid4().hex}"
+    planted.write_text("secret")
+    sources = [REPO / "packages" / p / "src" for p in ("pt-core", "pt-rollout")]
+    site = next(p for p in sys.path if p.endswith("site-packages"))  # pt's dist-info: versions
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PLANTED": str(planted),
+           "PYTHONPATH": ":".join([*map(str, sources), site])}  # fmt: skip
+    try:
+        done = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+             "/usr/bin/python3", "-c", AS_A_USER],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+    finally:
+        planted.unlink()
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert seen == {
+        "uid": nobody,
+        "unshare": "the unshare fallback needs root",
+        "chosen": "bwrap",
+        "stdout": f"{nobody}\n",
+        "stderr": f"FileNotFoundError: [Errno 2] No such file or directory: '{planted}'",
+        "backend": "bwrap",
+    }
 
 
 def test_a_missing_interpreter_is_refused(backend):

@@ -6,7 +6,8 @@ program could reach (the program runs in a fresh interpreter, after ``exec``).
 
 Under bubblewrap it is the command bwrap starts, as the sandbox's user, in the view bwrap
 made: it reads the program from stdin, writes it to the scratch directory as
-``main.py``, forbids new privileges, lowers the limits and executes the interpreter on it.
+``main.py``, forbids new privileges and some system calls (a seccomp filter), lowers the
+limits and executes the interpreter on it.
 
 In the ``unshare`` fallback it starts as root and as pid 1 of fresh namespaces (network,
 pid, mount, ipc, uts, cgroup), and first makes the view bubblewrap would have made:
