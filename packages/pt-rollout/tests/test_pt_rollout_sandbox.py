@@ -146,12 +146,16 @@ def test_the_look_at_the_host_sees_a_process_left_and_a_file_written(backend, tm
 
 
 def test_a_program_prints_and_its_exit_status_comes_back(host):
-    """stdout, stderr and the status are the program's own; no limit stopped it."""
+    """stdout, stderr and the status are the program's own; no limit stopped it; a
+    status above 128 that is no signal's stays a status."""
     result = host.run("import sys\nprint(2 ** 100)\nprint('careful', file=sys.stderr)\nsys.exit(3)")
     assert result.stdout == "1267650600228229401496703205376\n"
     assert result.stderr == "careful\n"
     assert (result.returncode, result.limit) == (3, None)
     assert result.report() == "1267650600228229401496703205376\n[stderr]\ncareful\n[exit status 3]"
+    assert host.run("raise SystemExit(200)").report() == "[exit status 200]"
+    terminated = host.run("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)")
+    assert (terminated.returncode, terminated.report()) == (-15, "[killed by SIGTERM]")
     host.assert_unharmed(result)
 
 
@@ -577,7 +581,15 @@ def test_a_missing_interpreter_is_refused(backend):
         run_python("pass", python="/no/such/python", backend=backend)
 
 
-@pytest.mark.parametrize("field", ["cpu_seconds", "memory_bytes", "wall_seconds"])
-def test_a_limit_that_is_not_a_positive_number_is_refused(field):
-    with pytest.raises(ConfigError, match=f"sandbox limit {field}=0: expected a positive number"):
-        SandboxLimits(**{field: 0})
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("wall_seconds", 0, "a positive number"),
+        ("memory_bytes", -1, "a positive whole number"),
+        ("cpu_seconds", 0.5, "a positive whole number"),  # rlimits count whole seconds
+    ],
+)
+def test_a_limit_that_is_not_a_positive_number_is_refused(field, value, expected):
+    with pytest.raises(ConfigError, match=f"sandbox limit {field}={value}: expected {expected}"):
+        SandboxLimits(**{field: value})
+    assert SandboxLimits(wall_seconds=0.5).wall_seconds == 0.5

@@ -74,7 +74,7 @@ def lower_limits(limits):
     soft limit SIGXCPU, a second later SIGKILL for a program that ignores it."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     for key, which in LIMITS.items():
-        value = int(limits[key])
+        value = limits[key]
         hard = value + 1 if which == resource.RLIMIT_CPU else value
         resource.setrlimit(which, (value, hard))
 

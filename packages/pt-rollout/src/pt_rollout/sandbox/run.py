@@ -44,6 +44,7 @@ from pt_rollout.sandbox.backends import (
 )
 
 INSIDE = (Path(__file__).parent / "inside.py").read_text()
+_SIGNALS = {int(s) for s in signal.Signals}
 KILL_WAIT_SECONDS = 5.0  # for the kernel to end a namespace's processes once its first is killed
 
 
@@ -63,10 +64,12 @@ class SandboxLimits:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            kind = int | float if isinstance(field.default, float) else int  # the rlimits: whole
+            if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
+                what = "number" if kind is not int else "whole number"
                 raise ConfigError(
-                    f"sandbox limit {field.name}={value!r}: expected a positive number",
-                    hint=f"give {field.name} a number above 0 (default {field.default})",
+                    f"sandbox limit {field.name}={value!r}: expected a positive {what}",
+                    hint=f"give {field.name} a {what} above 0 (default {field.default})",
                 )
 
 
@@ -295,7 +298,7 @@ class _Sandboxed:
         for child in self.first:  # bwrap may end before its first process has ended
             _ended(child, KILL_WAIT_SECONDS, pidfd=True)
             os.close(child)
-        if code > 128:  # the wrapper passes on a program killed by signal N as 128 + N
+        if code - 128 in _SIGNALS:  # the wrapper passes on a program killed by signal N as 128 + N
             code = -(code - 128)
         return code
 

@@ -118,7 +118,7 @@ class Toolbox:
             specs_of[name] = spec
             self.schemas.append(schema)
             self._parameters[name] = schema["function"]["parameters"]
-        if "python" in specs_of and specs_of["python"] == "python":
+        if any(BUILTIN_TOOLS.get(s, s) == BUILTIN_TOOLS["python"] for s in specs):
             from pt_rollout.sandbox import choose_backend
 
             choose_backend()  # no sandbox here: refused now, with the fix, not at each call
