@@ -57,5 +57,9 @@ def _module_from_file(path: Path, key: str):
     assert spec is not None and spec.loader is not None  # a .py file that exists
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]  # half run: a second load must run it again, not return it
+        raise
     return module
