@@ -196,6 +196,26 @@ def test_a_fork_bomb_is_stopped_by_the_process_limit(host):
     host.assert_unharmed(result)
 
 
+@pytest.mark.parametrize(
+    ("stderr", "limit"),
+    [
+        # a traceback cut short after the error, and an error's name and message apart
+        ("BlockingIOError: [Errno 11] Resource temporarily unavailable\\n"
+         "Traceback (most recent call last):\\n    os.fork()\\n", "processes"),
+        ("BlockingIOError:     os.fork()[Errno 11] Resource temporarily unavailable\\n",
+         "processes"),
+        # a limit's error the program got over, then another one
+        ("MemoryError\\nTraceback (most recent call last):\\nValueError: no limit\\n", None),
+    ],
+)  # fmt: skip
+def test_the_limit_a_program_failed_on_is_the_last_error_its_stderr_names(host, stderr, limit):
+    """The processes of a fork bomb print over each other, and the last traceback is cut
+    short when the program's end ends them: the last error stderr names still says which
+    limit it met (the stderr here written by the program itself, as it would come)."""
+    code = f"import sys\nsys.stderr.write('{stderr}')\nsys.exit(1)"
+    assert host.run(code).limit == limit
+
+
 def test_a_thread_bomb_is_stopped_by_the_process_limit(host):
     """Linux counts threads against the same limit as processes."""
     code = (

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -81,7 +82,7 @@ class SandboxResult:
     status of 128 + N reads as that, as a shell reads it). ``limit`` names the limit that
     stopped it: ``wall_time``, ``cpu_time`` or ``output`` (enforced from outside, so
     certain), or ``memory``, ``processes``, ``file_size``, ``scratch_space`` (the
-    program failed on the error that limit raises, read from its last line of stderr);
+    program failed on the error that limit raises: the last error its stderr names);
     None when none did."""
 
     stdout: str
@@ -125,7 +126,8 @@ LIMIT_WORDS = {
     "file_size": lambda lim: f"file size limit ({lim.file_bytes >> 20} MiB)",
     "scratch_space": lambda lim: f"scratch space limit ({lim.scratch_bytes >> 20} MiB)",
 }
-# The last line of stderr of a Python program that died of the error each limit raises.
+# What stderr says of the error each limit raises, and the line of any other exception.
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception)\b")
 FAILED_ON = {
     "memory": ("MemoryError",),
     "processes": ("[Errno 11] Resource temporarily unavailable", "can't start new thread"),
@@ -254,12 +256,20 @@ def _limit(watch, returncode: int, seconds: float, stderr: str, limits) -> str |
         returncode == -signal.SIGKILL and seconds >= limits.cpu_seconds
     ):
         return "cpu_time"
-    if returncode != 0:
-        last = stderr.rstrip().rpartition("\n")[2]
-        for limit, signs in FAILED_ON.items():
-            if any(sign in last for sign in signs):
-                return limit
-    return None
+    if returncode == 0:
+        return None
+    # The last error stderr names: a limit's, or another exception's line after it. Not
+    # only its last line: processes print over each other (Python writes an exception's
+    # name and message apart), and a traceback is cut short when the program's end ends
+    # the process writing it.
+    met = None
+    for line in stderr.splitlines():
+        signed = [limit for limit, signs in FAILED_ON.items() if any(s in line for s in signs)]
+        if signed:
+            met = signed[0]
+        elif EXCEPTION_LINE.match(line):
+            met = None
+    return met
 
 
 class _Sandboxed:
