@@ -255,7 +255,7 @@ def test_a_call_past_its_time_limit_is_stopped_and_the_next_call_works(toolbox):
     assert (result.content, result.error) == (
         "Error: sleep did not finish within 2 s and was stopped.", "timeout",
     )  # fmt: skip
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # not the 60 s it asked for
     assert toolbox.call(ToolCall("add", {"a": 1, "b": 1})).content == "2"  # a new worker
 
 
