@@ -207,7 +207,8 @@ def write_guess_prompts(path, count: int = 4):
 
 def check_episode_rows(rows: list[dict], tokenizer, template: TurnTemplate) -> None:
     """What an episode row holds, checked against the template and the trainer's reading:
-    each policy span decodes to its assistant turn's text (before the end-of-turn token),
+    each policy span decodes to its assistant turn's text (special tokens kept, as a tool
+    call's tags are, but not the end-of-turn or end-of-text token that closed it),
     each environment span is the template's ids for the answer that follows, the mask is 1
     on the policy spans alone, the log-probs are there on them alone, and the trainer's
     labels are the policy's ids."""
@@ -218,11 +219,12 @@ def check_episode_rows(rows: list[dict], tokenizer, template: TurnTemplate) -> N
         policy = [t for t in row["turns"] if t["role"] == "policy"]
         replies = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
         assert len(policy) == len(replies) == row["num_turns"]
+        closing = {template.end_of_turn, tokenizer.eos_token_id}
         for span, reply in zip(policy, replies, strict=True):
-            assert (
-                tokenizer.decode(ids[span["start"] : span["end"]], skip_special_tokens=True)
-                == reply
-            )
+            turn = ids[span["start"] : span["end"]]
+            while turn and turn[-1] in closing:
+                turn = turn[:-1]
+            assert tokenizer.decode(turn, skip_special_tokens=False) == reply
             assert mask[span["start"] : span["end"]] == [1] * (span["end"] - span["start"])
         answers = [m for m in row["messages"][1:] if m["role"] != "assistant"]
         for span, answer in zip([t for t in row["turns"] if t["role"] == "environment"], answers,

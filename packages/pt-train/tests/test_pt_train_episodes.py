@@ -117,3 +117,29 @@ def test_token_columns_of_an_episode_are_kept_at_the_policys_tokens():
     np.testing.assert_array_equal(sample.tokens["rollout_logps"], [-1, -2, -3, -4, -5])
     batch = rollout_batch([sample], pad_token_id=0)
     assert batch.num_trained == 5
+
+
+def episode_config(objective: str = "grpo", reward: dict | None = None, **environment):
+    from pt_train.config import TrainConfig
+
+    return TrainConfig.model_validate({
+        "run_name": "r", "model": {"init": {"tokenizer": "tok"}},
+        "objective": {"name": objective}
+        | ({"teacher": {"path": "t"}} if objective == "opd" else {}),
+        "rollout": {"prompts": "prompts.jsonl"},
+        "environment": {"name": "tools", "tools": ["python"], **environment},
+        "training": {"global_batch_size": 4, "max_steps": 1},
+        **({"reward": reward} if reward is not None else {}),
+    })  # fmt: skip
+
+
+def test_the_reward_section_is_added_to_an_environments_only_where_grade_says_so():
+    """With an environment the reward is the environment's: a reward section beside it
+    changes nothing unless environment.grade is true, so it is refused; grade on an
+    objective without rewards is refused too."""
+    with pytest.raises(ValueError, match="reward.answer_key has no effect: with an environment"):
+        episode_config(reward={"answer_key": "solution"})
+    assert episode_config(reward={"answer_key": "solution"}, grade=True).environment.grade
+    assert episode_config(grade=True).reward.answer_key == "answer"  # the default grader
+    with pytest.raises(ValueError, match="environment.grade has no effect: objective opd"):
+        episode_config("opd", grade=True)

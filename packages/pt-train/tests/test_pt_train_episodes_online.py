@@ -134,3 +134,50 @@ def test_opd_on_episodes_distils_the_policys_turns_alone(
         sum(sum(r["completion_mask"]) for r in step) for step in per_step
     ]
     assert all(m["kl"] is not None and m["kl"] >= 0 for m in metrics)
+
+
+def test_grpo_in_the_tool_environment_adds_the_reward_section_where_grade_says_so(
+    tmp_path, chatty_model_dir
+):
+    """The built-in tool environment in the online loop, with ``grade: true`` and a reward
+    function: each row's reward is the function's value of its last turn (the tool
+    environment gives none of its own), every row counts its calls, and each round logs
+    the means of the counts."""
+    import subprocess
+
+    (tmp_path / "calc.py").write_text(
+        'def multiply(a: int, b: int) -> int:\n    """Multiply.\n\n    Args:\n        a: a factor\n'
+        '        b: a factor\n    """\n    return a * b\n'
+    )
+    (tmp_path / "length.py").write_text(
+        "def length(rows):\n    return [len(r['completion']) / 10 for r in rows]\n"
+    )
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": f"{i} times 3?", "answer": 3 * i})
+                               + "\n" for i in range(4)))  # fmt: skip
+    cfg = {
+        "run_name": "tools", "output_dir": str(tmp_path / "runs"),
+        "model": {"name_or_path": str(chatty_model_dir)},
+        "objective": {"name": "grpo"},
+        "environment": {"name": "tools", "tools": [f"{tmp_path}/calc.py:multiply"],
+                        "max_turns": 2, "grade": True},
+        "reward": {"function": f"{tmp_path}/length.py:length"},
+        "rollout": {"prompts": str(prompts), "samples_per_prompt": 2, "max_tokens": 12},
+        "training": {"seed": 0, "learning_rate": 1e-3, "global_batch_size": 4,
+                     "micro_batch_size": 4, "max_steps": 2},
+    }  # fmt: skip
+    path = tmp_path / "tools.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    pt_train = Path(sys.executable).parent / "pt-train"
+    done = subprocess.run([str(pt_train), "run", str(path)], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "tools"
+    rows = rows_of(run_dir)
+    assert len(rows) == 8
+    for row in rows:
+        assert row["env_reward"] == 0.0
+        assert row["reward"] == pytest.approx(len(row["completion"]) / 10)
+        assert {"tool_calls", "tool_errors", "parse_failures"} <= set(row)
+    metrics = read_metrics(run_dir)
+    assert all({"tool_calls", "tool_errors", "parse_failures"} <= set(m) for m in metrics)

@@ -258,20 +258,26 @@ def _generate_pending(model, pending, output, options, meter, source) -> str:
                     tokenizer, row.prompt, template=options.template, system=options.system
                 )
         first = token_ids[pending[0][0].position]
-    with _open_engine(model, tokenizer, options) as engine, meter:
-        engine_name = engine.name
-        if options.endpoint is not None:
-            engine.check_tokenizer(first)  # pyright: ignore[reportAttributeAccessIssue]
-        if episodes is None:
-            _check_prompt_lengths(pending, token_ids, engine.max_model_len, source)
-        for start in range(0, len(pending), options.batch_size):
-            batch = pending[start : start + options.batch_size]
-            if episodes is not None:
-                new_rows = episodes.rows(engine, batch, sampling)
-            else:
-                new_rows = _generate_batch(engine, tokenizer, batch, token_ids, sampling, options)
-            output.write(new_rows)
-            meter.advance(len(new_rows), sum(len(r["completion_token_ids"]) for r in new_rows))
+    try:
+        with _open_engine(model, tokenizer, options) as engine, meter:
+            engine_name = engine.name
+            if options.endpoint is not None:
+                engine.check_tokenizer(first)  # pyright: ignore[reportAttributeAccessIssue]
+            if episodes is None:
+                _check_prompt_lengths(pending, token_ids, engine.max_model_len, source)
+            for start in range(0, len(pending), options.batch_size):
+                batch = pending[start : start + options.batch_size]
+                if episodes is not None:
+                    new_rows = episodes.rows(engine, batch, sampling)
+                else:
+                    new_rows = _generate_batch(
+                        engine, tokenizer, batch, token_ids, sampling, options
+                    )
+                output.write(new_rows)
+                meter.advance(len(new_rows), sum(len(r["completion_token_ids"]) for r in new_rows))
+    finally:
+        if episodes is not None:
+            episodes.close()
     return engine_name
 
 

@@ -606,6 +606,18 @@ class TrainConfig(Section):
                 f"reward.{key} has no effect: objective {self.objective.name} trains on no "
                 "reward; remove the reward section"
             )
+        if self.environment.grade and not needs.reward:
+            raise ValueError(
+                f"environment.grade has no effect: objective {self.objective.name} trains on "
+                "no reward; remove it"
+            )
+        if given and self.environment.name is not None and not self.environment.grade:
+            key = next(iter(given))
+            raise ValueError(
+                f"reward.{key} has no effect: with an environment the reward is the "
+                "environment's alone unless environment.grade is true; set environment.grade: "
+                "true to add the reward section's, or remove the reward section"
+            )
         return self
 
     @model_validator(mode="after")

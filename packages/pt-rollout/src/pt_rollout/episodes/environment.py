@@ -18,9 +18,10 @@ per run with the keyword arguments of its config section (``environment.options`
 
 ``step`` may return a :class:`Step`, a dict with those keys, or a tuple ``(messages,
 reward, done)``. An environment may declare ``tools`` (JSON schemas the chat template
-renders into the opening, see :mod:`pt_rollout.tools`). An exception in its code stops the
-run with one line naming the environment, the episode, the turn and where in the
-environment's code it was raised.
+renders into the opening, see :mod:`pt_rollout.tools`) and ``counted`` (the names of the
+counts its steps return: every episode carries them, 0 where no turn counted). An
+exception in its code stops the run with one line naming the environment, the episode,
+the turn and where in the environment's code it was raised.
 """
 
 from __future__ import annotations
@@ -43,14 +44,31 @@ class Step:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+def open_environment(cfg, tokenizer, *, key: str = "environment.name") -> Environment:
+    """The environment ``cfg`` (an :class:`~pt_rollout.episodes.config.EnvironmentConfig`)
+    names, built; the built-in tool environment reads its tool format off ``tokenizer``'s
+    chat template."""
+    from pt_rollout.episodes.config import TOOLS
+
+    if cfg.name == TOOLS:
+        from pt_core.chat import own_template
+
+        options = {**cfg.options, "tools": cfg.tools, "tool_format": cfg.tool_format,
+                   "chat_template": own_template(tokenizer) or ""}  # fmt: skip
+        return Environment("pt_rollout.episodes.tools:ToolEnvironment", options, key=key,
+                           name=TOOLS)  # fmt: skip
+    return Environment(cfg.name, cfg.options, key=key)
+
+
 class Environment:
     """A loaded environment: the user's object and how to call it, so that its errors
     come back as one line naming the episode and the turn."""
 
-    def __init__(self, spec: str, options: dict | None = None, *, key: str = "environment.name"):
+    def __init__(self, spec: str, options: dict | None = None, *, key: str = "environment.name",
+                 name: str | None = None):  # fmt: skip
         from pt_core.objects import load_object
 
-        self.spec = spec
+        self.spec = name or spec
         cls = load_object(spec, key=key, what="class")
         try:
             self.obj = cls(**(options or {}))
@@ -59,6 +77,8 @@ class Environment:
                 f"{key}={spec!r} cannot be built from environment.options: {exc}",
                 hint=f"give {cls.__name__}'s keyword arguments in environment.options",
             ) from None
+        except ConfigError:
+            raise
         except Exception as exc:
             raise self._failure("__init__", None, None, exc) from None
         for method in ("reset", "step"):
@@ -67,6 +87,18 @@ class Environment:
                     f"{key}={spec!r} has no {method}() method",
                     hint="an environment has reset(row) and step(messages, state)",
                 )
+
+    def close(self) -> None:
+        """Release what the environment holds (a tool environment's worker processes)."""
+        close = getattr(self.obj, "close", None)
+        if callable(close):
+            close()
+
+    @property
+    def counted(self) -> tuple[str, ...]:
+        """The counts each of the environment's episodes carries, 0 until a turn adds to
+        them (its ``counted`` attribute, if any)."""
+        return tuple(getattr(self.obj, "counted", ()))
 
     @property
     def tools(self) -> list[dict] | None:

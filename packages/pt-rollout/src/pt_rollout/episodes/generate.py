@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pt_core.errors import ConfigError
 from pt_rollout.episodes.config import EnvironmentConfig
-from pt_rollout.episodes.environment import Environment
+from pt_rollout.episodes.environment import open_environment
 from pt_rollout.episodes.runner import EpisodeRunner, episode_row
 from pt_rollout.episodes.template import TurnTemplate
 
@@ -51,7 +51,13 @@ class EpisodeBatches:
         cfg = environment_config(options.env, max_turns=options.max_turns,
                                  max_tokens=options.max_episode_tokens)  # fmt: skip
         assert cfg.name is not None  # environment_config's check
-        self.environment = Environment(cfg.name, cfg.options, key="--env")
+        if cfg.grade:
+            raise ConfigError(
+                f"--env {options.env}: environment.grade adds a training run's reward; "
+                "generate writes the environment's own rewards (env_reward) only",
+                hint="remove grade, and grade the rows with pt-eval grade",
+            )
+        self.environment = open_environment(cfg, tokenizer, key="--env")
         self.template = TurnTemplate(tokenizer, tools=self.environment.tools)
         self.template.check()
         self.runner = EpisodeRunner(self.environment, self.template, max_turns=cfg.max_turns,
@@ -64,3 +70,6 @@ class EpisodeBatches:
         episodes = [self.runner.start(row, sample) for row, sample in batch]
         self.runner.run(episodes, lambda requests: (engine.generate(requests, sampling), 0))
         return [episode_row(e) for e in episodes]
+
+    def close(self) -> None:
+        self.environment.close()

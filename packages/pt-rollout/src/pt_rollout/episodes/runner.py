@@ -93,7 +93,8 @@ class EpisodeRunner:
         started = time.perf_counter()
         prompt = self.template.opening(messages)
         self.cost.append_s += time.perf_counter() - started
-        return Episode(row, sample, key, prompt, list(messages), state)
+        return Episode(row, sample, key, prompt, list(messages), state,
+                       counts=dict.fromkeys(self.environment.counted, 0))  # fmt: skip
 
     def requests(self, episodes: Sequence[Episode]) -> list:
         """A request for each open episode's next turn, with the turn's own seed."""
@@ -129,9 +130,18 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ one turn
 
-    def _take_turn(self, episode: Episode, completion, version: int) -> None:
-        from pt_rollout.columns import completion_text
+    def turn_text(self, sampled: list[int]) -> str:
+        """A turn's text as the environment reads it: its special tokens kept (a tool call's
+        ``<tool_call>`` is one in Qwen's vocabulary), but not the end-of-turn or end of text
+        token that closed it; cut before the first stop string."""
+        end = len(sampled)
+        while end and sampled[end - 1] in self.template.closing_ids:
+            end -= 1
+        text = self.template.tokenizer.decode(sampled[:end], skip_special_tokens=False)
+        cuts = [text.find(s) for s in self.stop if s and s in text]
+        return text[: min(cuts)] if cuts else text
 
+    def _take_turn(self, episode: Episode, completion, version: int) -> None:
         sampled = list(field_of(completion, "token_ids"))
         n = len(sampled)
         start = len(episode.ids)
@@ -149,8 +159,7 @@ class EpisodeRunner:
         episode.token_versions += list(versions) if versions is not None else [version] * n
         episode.turns.append({"role": "policy", "start": start, "end": start + n,
                               "weight_version": version})  # fmt: skip
-        text = completion_text(self.template.tokenizer, sampled, self.stop)
-        episode.messages.append({"role": "assistant", "content": text})
+        episode.messages.append({"role": "assistant", "content": self.turn_text(sampled)})
         if not sampled or sampled[-1] != self.template.end_of_turn:
             reason = field_of(completion, "finish_reason")
             episode.stop_reason = "turn_length" if reason == "length" else "stop"

@@ -47,6 +47,10 @@ class TurnTemplate:
                 "model's own), e.g. --chat-template chatml",
             )
         self.end_of_turn = eot[0]
+        # the ids that may close a turn of the policy (its end-of-turn, end of text)
+        self.closing_ids = set(eot) | {
+            i for i in [getattr(tokenizer, "eos_token_id", None)] if isinstance(i, int)
+        }
         self.end_text = tokenizer.decode([self.end_of_turn])
         opened = self.render([_USER], generation=True)
         replied = self.render([_USER, {"role": "assistant", "content": _REPLY}])
@@ -61,11 +65,22 @@ class TurnTemplate:
         # what the template writes after the end-of-turn token the policy samples
         self.after_turn = closing[len(self.end_text) :]
         self._rendered: dict[bool, str] = {}
+        if self.tools and self.render([_USER]) == self.render([_USER], tools=None):
+            # the model would be asked to call tools it was never shown
+            raise ConfigError(
+                "the chat template does not render the tools offered (its rendering is the "
+                "same with and without them), so the policy would never see their schemas",
+                hint="use a template with tool support (the model's own Qwen2.5 or Llama "
+                "3.1 template, or chatml)",
+            )
 
-    def render(self, messages: list[dict], *, generation: bool = False) -> str:
+    _OWN = object()
+
+    def render(self, messages: list[dict], *, generation: bool = False, tools: Any = _OWN) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation
-        )
+            messages, tools=self.tools if tools is TurnTemplate._OWN else tools,
+            tokenize=False, add_generation_prompt=generation,
+        )  # fmt: skip
 
     def ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
@@ -104,4 +119,12 @@ class TurnTemplate:
     def check(self, roles: tuple[str, ...] = ("user", "tool")) -> None:
         """Refuse, at start, a template that cannot append a message of each of ``roles``."""
         for role in roles:
-            self.append([{"role": role, "content": "pt-probe-answer"}])
+            text = self.tokenizer.decode(
+                self.append([{"role": role, "content": "pt-probe-answer"}])
+            )
+            if "pt-probe-answer" not in text:
+                raise ConfigError(
+                    f"the chat template drops the content of a {role} message, so the "
+                    f"policy would never read what the environment answers as {role}",
+                    hint="use a template that renders every role (chatml, or the model's own)",
+                )

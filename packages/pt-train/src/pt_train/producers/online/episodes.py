@@ -32,10 +32,10 @@ class EpisodeJob:
 class EpisodeRounds:
     def __init__(self, cfg, tokenizer):
         from pt_rollout.episodes import EpisodeRunner, TurnTemplate
-        from pt_rollout.episodes.environment import Environment
+        from pt_rollout.episodes.environment import open_environment
 
         env = cfg.environment
-        self.environment = Environment(env.name, env.options)
+        self.environment = open_environment(env, tokenizer)
         template = TurnTemplate(tokenizer, tools=self.environment.tools)
         template.check()  # a template that cannot be continued: refused before any turn
         self.runner = EpisodeRunner(

@@ -82,15 +82,14 @@ class OnlineProducer(Producer):
         self.context = GeneratorContext(cfg, self.needs, tokenizer, self.weights,
                                         self._sampling(), score)  # fmt: skip
         # episodes of an environment (rank 0's: it makes the rounds), whose rewards are
-        # the environment's, plus the reward component's where the config sets one
+        # the environment's, plus the reward component's where environment.grade says so
         self.episodes = None
         if cfg.environment.name is not None and env.is_main:
             from pt_train.producers.online.episodes import EpisodeRounds
 
             self.episodes = EpisodeRounds(cfg, tokenizer)
         self.rewards = None
-        given = cfg.reward.model_dump(exclude_defaults=True)
-        if self.needs.reward and (cfg.environment.name is None or given):
+        if self.needs.reward and (cfg.environment.name is None or cfg.environment.grade):
             from pt_train.rewards import Rewards
 
             self.rewards = Rewards(cfg.reward)
@@ -224,6 +223,8 @@ class OnlineProducer(Producer):
     def close(self) -> None:
         if self.rewards is not None:
             self.rewards.close()
+        if self.episodes is not None:
+            self.episodes.environment.close()
         if self.generator is not None:
             self.generator.close()
         self.generator = None
