@@ -220,3 +220,27 @@ def test_the_opening_is_the_rows_prompt_after_the_system_message(qwen_tokenizer,
         assert environment.reset({"messages": own}, "1")[0] == own
     finally:
         environment.close()
+
+
+@pytest.mark.slow  # builds the real-shape model and plays its episodes
+def test_the_episode_bench_runs_every_turn_and_finds_the_re_rendering_drift():
+    """bench/episodes.py at its smallest: every episode runs its turns, the peer's
+    re-rendering of random-weight turns differs from the ids sampled, and the JSON line
+    carries each way's time outside generation."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[3] / "bench" / "episodes.py"
+    done = subprocess.run([sys.executable, str(bench), "--episodes", "2", "--turns", "2",
+                           "--turn-tokens", "6"], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["turns"] == 2 and result["episodes"] == 2
+    assert result["episode_tokens"] > 2 * 6  # two turns and the tool's answer between them
+    assert 0 < result["pt_outside_s"] and 0 < result["peer_outside_s"]
+    assert result["pt_outside_fraction"] == pytest.approx(
+        result["pt_outside_s"] / result["generate_s"], rel=0.01, abs=1e-3
+    )
+    assert 0 <= result["drifted"] <= 2
