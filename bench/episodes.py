@@ -31,7 +31,6 @@ its fraction of generation, and the ratio (peer / pt).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -60,12 +59,11 @@ def multiply(a: int, b: int) -> int:
 
 
 def realshape():
-    """tests/realshape.py, loaded by path (the tests are not a package)."""
-    spec = importlib.util.spec_from_file_location("realshape", REPO / "tests" / "realshape.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """tests/realshape.py (the suite's real-shape models and the Qwen2.5 tokenizer)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import realshape
+
+    return realshape
 
 
 def build(shape: str, workdir: Path) -> Path:

@@ -239,7 +239,7 @@ def test_the_episode_bench_runs_every_turn_and_finds_the_re_rendering_drift():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["turns"] == 2 and result["episodes"] == 2
     assert result["episode_tokens"] > 2 * 6  # two turns and the tool's answer between them
-    assert 0 < result["pt_outside_s"] and 0 < result["peer_outside_s"]
+    assert result["pt_outside_s"] > 0 and result["peer_outside_s"] > 0
     assert result["pt_outside_fraction"] == pytest.approx(
         result["pt_outside_s"] / result["generate_s"], rel=0.01, abs=1e-3
     )

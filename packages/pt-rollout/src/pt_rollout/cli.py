@@ -31,6 +31,25 @@ app = make_app(
 ENGINE_HELP = "vllm, hf, or auto (vLLM when installed and a device fits, else HF)."
 
 # An OpenAI-compatible server in place of a local engine (generate and score).
+MODEL_OPTION = typer.Option(
+    ...,
+    "--model",
+    "-m",
+    help="Model directory (a run's inference/step-N), hub name, or - for the checkpoint "
+    "manifest piped in.",
+)
+DTYPE_OPTION = typer.Option("auto", "--dtype", help="auto (the checkpoint's), float32, bfloat16.")
+DECODER_OPTION = typer.Option(
+    "auto",
+    "--decoder",
+    help="The HF engine's decoder: lean (Llama-family models as flat tensor operations), "
+    "hf (the model's forward), auto (lean on a CPU).",
+)
+TENSOR_PARALLEL_OPTION = typer.Option(1, "--tensor-parallel", help="GPUs per engine (vLLM).")
+GPU_MEMORY_OPTION = typer.Option(
+    None, "--gpu-memory-utilization", help="vLLM's memory share (default 0.9 GPU, 0.2 CPU)."
+)
+MAX_MODEL_LEN_OPTION = typer.Option(None, "--max-model-len", help="vLLM context length cap.")
 TOKENIZER_OPTION = typer.Option(
     None,
     "--tokenizer",
@@ -98,13 +117,7 @@ def _served_model(name: str, tokenizer: str | None, option: str) -> tuple[str, s
 
 @app.command("generate")
 def generate_cmd(
-    model: str = typer.Option(
-        ...,
-        "--model",
-        "-m",
-        help="Model directory (a run's inference/step-N), hub name, or - for the checkpoint "
-        "manifest piped in.",
-    ),
+    model: str = MODEL_OPTION,
     prompts: str = typer.Option(
         ...,
         "--prompts",
@@ -149,12 +162,7 @@ def generate_cmd(
         "on batching.",
     ),
     engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
-    decoder: str = typer.Option(
-        "auto",
-        "--decoder",
-        help="The HF engine's decoder: lean (Llama-family models as flat tensor operations), "
-        "hf (the model's forward), auto (lean on a CPU).",
-    ),
+    decoder: str = DECODER_OPTION,
     no_template: bool = flag(
         "--no-template", help="Send string prompts as raw text, without the chat template."
     ),
@@ -176,17 +184,13 @@ def generate_cmd(
     batch_size: int = typer.Option(
         256, "--batch-size", help="Completions per engine call; a crash loses at most one batch."
     ),
-    dtype: str = typer.Option(
-        "auto", "--dtype", help="auto (the checkpoint's), float32, bfloat16."
-    ),
-    tensor_parallel: int = typer.Option(1, "--tensor-parallel", help="GPUs per engine (vLLM)."),
+    dtype: str = DTYPE_OPTION,
+    tensor_parallel: int = TENSOR_PARALLEL_OPTION,
     data_parallel: int = typer.Option(
         1, "--data-parallel", help="Engines, one per GPU group, each on a shard of the prompts."
     ),
-    gpu_memory_utilization: float = typer.Option(
-        None, "--gpu-memory-utilization", help="vLLM's memory share (default 0.9 GPU, 0.2 CPU)."
-    ),
-    max_model_len: int = typer.Option(None, "--max-model-len", help="vLLM context length cap."),
+    gpu_memory_utilization: float = GPU_MEMORY_OPTION,
+    max_model_len: int = MAX_MODEL_LEN_OPTION,
     endpoint: str = typer.Option(
         None,
         "--endpoint",
@@ -287,10 +291,10 @@ def score_cmd(
     ),
     engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
     batch_size: int = typer.Option(256, "--batch-size", help="Rows per engine call."),
-    dtype: str = typer.Option("auto", "--dtype"),
-    tensor_parallel: int = typer.Option(1, "--tensor-parallel", help="GPUs per engine (vLLM)."),
-    gpu_memory_utilization: float = typer.Option(None, "--gpu-memory-utilization"),
-    max_model_len: int = typer.Option(None, "--max-model-len"),
+    dtype: str = DTYPE_OPTION,
+    tensor_parallel: int = TENSOR_PARALLEL_OPTION,
+    gpu_memory_utilization: float = GPU_MEMORY_OPTION,
+    max_model_len: int = MAX_MODEL_LEN_OPTION,
     endpoint: str = typer.Option(
         None,
         "--endpoint",
@@ -420,13 +424,7 @@ def serve_cmd(
 
 @app.command("serve-openai")
 def serve_openai_cmd(
-    model: str = typer.Option(
-        ...,
-        "--model",
-        "-m",
-        help="Model directory (a run's inference/step-N), hub name, or - for the checkpoint "
-        "manifest piped in.",
-    ),
+    model: str = MODEL_OPTION,
     listen: str = typer.Option(
         "127.0.0.1:8000",
         "--listen",
@@ -460,16 +458,12 @@ def serve_openai_cmd(
         help="raw: log-probs under the model's distribution; processed: under the one sampled "
         "from (after temperature and top-p).",
     ),
-    decoder: str = typer.Option("auto", "--decoder", help="The HF engine's: auto, lean or hf."),
-    dtype: str = typer.Option(
-        "auto", "--dtype", help="auto (the checkpoint's), float32, bfloat16."
-    ),
+    decoder: str = DECODER_OPTION,
+    dtype: str = DTYPE_OPTION,
     seed: int = typer.Option(0, "--seed", help="Seed of requests that send none."),
-    tensor_parallel: int = typer.Option(1, "--tensor-parallel", help="GPUs per engine (vLLM)."),
-    gpu_memory_utilization: float = typer.Option(
-        None, "--gpu-memory-utilization", help="vLLM's memory share (default 0.9 GPU, 0.2 CPU)."
-    ),
-    max_model_len: int = typer.Option(None, "--max-model-len", help="vLLM context length cap."),
+    tensor_parallel: int = TENSOR_PARALLEL_OPTION,
+    gpu_memory_utilization: float = GPU_MEMORY_OPTION,
+    max_model_len: int = MAX_MODEL_LEN_OPTION,
 ) -> None:
     """Serve a model to OpenAI clients: /v1/models, /v1/completions, /v1/chat/completions."""
     from pt_rollout.openai_api.server import ServeOptions, serve_checkpoint
