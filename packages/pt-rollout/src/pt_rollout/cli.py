@@ -206,8 +206,9 @@ def generate_cmd(
         None,
         "--env",
         help="Play each sample as an episode of an environment: module:Class, "
-        "path/to/file.py:Class, or a YAML file with an environment section (name, options, "
-        "max_turns, max_tokens). Rows add completion_mask, turns and messages.",
+        "path/to/file.py:Class, or a YAML file with an environment section (name: a class "
+        "or tools; options, tools, tool_format, max_turns, max_tokens). Rows add "
+        "completion_mask, turns and messages.",
     ),
     max_turns: int = typer.Option(
         None, "--max-turns", help="With --env: the policy's turns in an episode at most (8)."
