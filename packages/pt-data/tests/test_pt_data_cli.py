@@ -140,6 +140,21 @@ def _error_cases(tmp_path):
         (["stats", cfg, "--plot"], None, "requires an argument"),
         (["synth", "arithmetic", "--n", "abc", "--out", tmp_path / "s"], None, "'--n'"),
         (["synth", "algebra", "--n", "5", "--out", tmp_path / "s"], None, "unknown generator"),
+        (
+            ["synth", "arithmetic", "--n", "5", "--digits", "3", "--out", tmp_path / "s"],
+            None,
+            "--digits is read by multiplication and calculator",
+        ),
+        (
+            ["synth", "calculator", "--n", "5", "--digits", "0", "--out", tmp_path / "s"],
+            None,
+            "--digits 0: a factor has at least one digit",
+        ),
+        (
+            ["synth", "multiplication", "--n", "50", "--digits", "1", "--out", tmp_path / "s"],
+            None,
+            "there are 45 distinct 1-digit multiplication problems",
+        ),
         (["tokenizer", "-t", tmp_path / "empty.jsonl", "-o", tmp_path / "t"], None, "no text"),
         (["tokenizer", "-t", "missing.jsonl", "-o", tmp_path / "t"], None, "no such file"),
         (["pairs", "missing.jsonl"], None, "missing.jsonl: no such file or directory"),

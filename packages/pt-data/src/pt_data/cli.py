@@ -219,16 +219,30 @@ def pairs(
 
 @app.command()
 def synth(
-    kind: str = typer.Argument(..., help="generator: arithmetic"),
+    kind: str = typer.Argument(
+        ...,
+        help="generator: arithmetic (2-digit sums and differences, worked column by "
+        "column), multiplication (products answered directly), calculator (the same "
+        "products solved by a call of a multiply tool: messages and tools columns)",
+    ),
     n: int = typer.Option(..., "--n", help="train rows"),
     out: Path = typer.Option(..., "--out", "-o", help="directory for train.jsonl and test.jsonl"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(
+        0,
+        "--seed",
+        help="the same seed, --n, --n-test and --digits "
+        "give multiplication and calculator the same problems",
+    ),
     n_test: int | None = typer.Option(None, "--n-test", help="test rows (default n/10, 50..500)"),
+    digits: int | None = typer.Option(
+        None, "--digits", help="digits of each factor, for multiplication and calculator (5)"
+    ),
 ) -> None:
-    """Generate a small math dataset (train.jsonl, test.jsonl) a tiny model learns on a CPU."""
+    """Generate a small math dataset (train.jsonl, test.jsonl; no test problem in train) a
+    tiny model learns on a CPU."""
     from pt_data.synth import write_synth
 
-    counts = write_synth(kind, n, out, seed=seed, n_test=n_test)
+    counts = write_synth(kind, n, out, seed=seed, n_test=n_test, digits=digits)
     emit_manifest("dataset", out, format="raw", rows=counts["train"], splits=counts)
 
 

@@ -12,17 +12,44 @@ learns in minutes; asked for the whole sum in one token run, it would need far
 longer. Train and test problems are disjoint. Feed them to ``pt-data build`` with
 transform ``math`` (SFT conversations) or ``math_prompts`` (prompts with gold
 answers for rollout and evaluation).
+
+``multiplication`` and ``calculator``: products of two ``digits``-digit numbers (5 by
+default), too long for a tiny model to work out in its head, answered two ways. The
+same ``n``, ``n_test``, ``digits`` and ``seed`` give both kinds the same problems under
+the same ids, so that a model trained on each can be compared on one test set:
+
+- ``multiplication``: answered directly, MATH-like rows ``{id, problem, solution,
+  answer}`` (``What is 12345 * 67890?`` -> ``The final answer is \\boxed{838102050}.``);
+- ``calculator``: solved with a tool, rows ``{id, problem, answer, messages, tools}``
+  whose conversation calls :func:`multiply` and reads its result::
+
+    user       What is 12345 * 67890?
+    assistant  (a call: multiply(a=12345, b=67890))
+    tool       838102050
+    assistant  The final answer is \\boxed{838102050}.
+
+  ``tools`` holds :func:`multiply`'s JSON schema, which the chat template lists in the
+  conversation's opening; build SFT data with transform ``messages`` (the calls and the
+  answer train, the tool's turn does not), and play the problems in the tool
+  environment (``environment: {name: tools, tools: [calc.py:multiply]}``) with a
+  ``multiply`` of the same signature and docstring.
+
+A problem is the unordered pair of factors: ``a * b`` and ``b * a`` are one problem, so
+no test problem is in train either way round.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 
 from pt_core.errors import InputError
 from pt_core.files import atomic_path, write_rows
 
-GENERATORS = ("arithmetic",)
+GENERATORS = ("arithmetic", "multiplication", "calculator")
+PRODUCTS = ("multiplication", "calculator")  # the generators that read ``digits``
+DEFAULT_DIGITS = 5
 
 
 def arithmetic_problems() -> list[tuple[int, str, int]]:
@@ -66,18 +93,28 @@ def arithmetic_row(a: int, op: str, b: int, row_id: str) -> dict:
     }
 
 
+def default_n_test(n: int) -> int:
+    """The test rows when none are asked for: a tenth of the train rows, within 50..500."""
+    return min(500, max(50, n // 10))
+
+
+def check_counts(n: int, n_test: int, space: int, what: str) -> None:
+    if n < 1 or n_test < 0 or n + n_test > space:
+        raise InputError(
+            f"asked for {n} train + {n_test} test problems; there are {space} distinct "
+            f"{what} problems",
+            hint=f"use --n between 1 and {space - n_test}" if 0 <= n_test < space else (
+                "use a --n-test below the number of problems"),
+        )  # fmt: skip
+
+
 def synth_arithmetic(n: int, *, n_test: int | None = None, seed: int = 0) -> dict[str, list[dict]]:
     """``n`` train rows and ``n_test`` (default ``min(500, max(50, n // 10))``) test rows,
     no problem in both."""
     if n_test is None:
-        n_test = min(500, max(50, n // 10))
+        n_test = default_n_test(n)
     space = arithmetic_problems()
-    if n < 1 or n_test < 0 or n + n_test > len(space):
-        raise InputError(
-            f"asked for {n} train + {n_test} test problems; there are {len(space)} distinct "
-            "arithmetic problems",
-            hint=f"use --n between 1 and {len(space) - n_test}",
-        )
+    check_counts(n, n_test, len(space), "arithmetic")
     rng = random.Random(seed)
     chosen = rng.sample(space, n + n_test)
     test = [arithmetic_row(*p, f"arith-test-{i}") for i, p in enumerate(chosen[:n_test])]
@@ -85,11 +122,119 @@ def synth_arithmetic(n: int, *, n_test: int | None = None, seed: int = 0) -> dic
     return {"train": train, "test": test}
 
 
-def write_synth(kind: str, n: int, out: str | Path, *, seed: int = 0, n_test: int | None = None):
-    """Write ``out/train.jsonl`` and ``out/test.jsonl``; return ``{split: rows}``."""
+# ----------------------------------------------------------------------------- products
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    return a * b
+
+
+def multiply_schema() -> dict:
+    """:func:`multiply`'s tool schema, as the tool environment offers a function of its
+    signature and docstring (transformers' ``get_json_schema``)."""
+    from transformers.utils import get_json_schema
+
+    return get_json_schema(multiply)
+
+
+def factor_pairs(count: int, digits: int, rng: random.Random) -> list[tuple[int, int]]:
+    """``count`` distinct problems ``(a, b)`` of two ``digits``-digit factors, in the order
+    drawn; ``(a, b)`` and ``(b, a)`` are one problem."""
+    low, high = 10 ** (digits - 1), 10**digits - 1
+    numbers = high - low + 1
+    if numbers <= 1000:  # few enough to list every problem and sample without repeats
+        space = [(a, b) for a in range(low, high + 1) for b in range(a, high + 1)]
+        return [(a, b) if rng.random() < 0.5 else (b, a) for a, b in rng.sample(space, count)]
+    seen: set[tuple[int, int]] = set()
+    pairs = []
+    while len(pairs) < count:  # 4 * 10**7 problems at least: a repeat is rare
+        a, b = rng.randint(low, high), rng.randint(low, high)
+        if (min(a, b), max(a, b)) not in seen:
+            seen.add((min(a, b), max(a, b)))
+            pairs.append((a, b))
+    return pairs
+
+
+def product_space(digits: int) -> int:
+    """The number of distinct problems of two ``digits``-digit factors (unordered pairs)."""
+    numbers = 9 * 10 ** (digits - 1)
+    return numbers * (numbers + 1) // 2
+
+
+def multiplication_row(a: int, b: int, row_id: str) -> dict:
+    """The problem answered directly."""
+    value = a * b
+    return {
+        "id": row_id,
+        "problem": f"What is {a} * {b}?",
+        "solution": f"The final answer is \\boxed{{{value}}}.",
+        "answer": str(value),
+    }
+
+
+def calculator_row(a: int, b: int, row_id: str, tools: list[dict]) -> dict:
+    """The problem solved by a call of :func:`multiply`: the call, the tool's answer (the
+    message the tool environment appends), the final answer."""
+    value = multiply(a, b)
+    call = {"type": "function", "function": {"name": "multiply", "arguments": {"a": a, "b": b}}}
+    messages = [
+        {"role": "user", "content": f"What is {a} * {b}?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "multiply", "content": str(value)},
+        {"role": "assistant", "content": f"The final answer is \\boxed{{{value}}}."},
+    ]
+    return {"id": row_id, "problem": messages[0]["content"], "answer": str(value),
+            "messages": messages, "tools": tools}  # fmt: skip
+
+
+def synth_products(kind: str, n: int, *, n_test: int | None = None, seed: int = 0,
+                   digits: int = DEFAULT_DIGITS) -> dict[str, list[dict]]:  # fmt: skip
+    """``n`` train and ``n_test`` test rows of ``kind`` (``multiplication`` or
+    ``calculator``), no problem in both; the two kinds draw the same problems."""
+    if digits < 1:
+        raise InputError(f"--digits {digits}: a factor has at least one digit",
+                         hint="use --digits 1 or more (5 by default)")  # fmt: skip
+    if n_test is None:
+        n_test = default_n_test(n)
+    check_counts(n, n_test, product_space(digits), f"{digits}-digit multiplication")
+    pairs = factor_pairs(n + n_test, digits, random.Random(seed))
+    make = (
+        functools.partial(calculator_row, tools=[multiply_schema()])
+        if kind == "calculator"
+        else multiplication_row
+    )
+    return {
+        "train": [make(a, b, f"mul-train-{i}") for i, (a, b) in enumerate(pairs[n_test:])],
+        "test": [make(a, b, f"mul-test-{i}") for i, (a, b) in enumerate(pairs[:n_test])],
+    }
+
+
+def synth_rows(kind: str, n: int, *, seed: int = 0, n_test: int | None = None,
+               digits: int | None = None) -> dict[str, list[dict]]:  # fmt: skip
+    """The rows of generator ``kind``: ``{"train": rows, "test": rows}``."""
     if kind not in GENERATORS:
         raise InputError(f"unknown generator {kind!r}; known: {', '.join(GENERATORS)}")
-    splits = synth_arithmetic(n, n_test=n_test, seed=seed)
+    if kind in PRODUCTS:
+        digits = DEFAULT_DIGITS if digits is None else digits
+        return synth_products(kind, n, n_test=n_test, seed=seed, digits=digits)
+    if digits is not None:
+        raise InputError(
+            f"--digits is read by {' and '.join(PRODUCTS)}; {kind} problems have two digits",
+            hint="remove --digits",
+        )
+    return synth_arithmetic(n, n_test=n_test, seed=seed)
+
+
+def write_synth(kind: str, n: int, out: str | Path, *, seed: int = 0, n_test: int | None = None,
+                digits: int | None = None):  # fmt: skip
+    """Write ``out/train.jsonl`` and ``out/test.jsonl``; return ``{split: rows}``."""
+    splits = synth_rows(kind, n, seed=seed, n_test=n_test, digits=digits)
     with atomic_path(out) as tmp:
         tmp.mkdir()
         for split, rows in splits.items():

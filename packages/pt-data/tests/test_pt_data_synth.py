@@ -1,0 +1,160 @@
+"""`pt-data synth`: the generated problems, row by row, and their splits.
+
+The product kinds (multiplication, calculator) are one set of problems answered two
+ways: directly, and by a call of a multiply tool whose result the final answer repeats."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pt_core.errors import InputError
+from pt_core.files import read_rows, split_path
+from pt_data.synth import (
+    calculator_row,
+    multiplication_row,
+    multiply_schema,
+    synth_rows,
+    write_synth,
+)
+
+# multiply's schema, written out: what the chat template shows the model in the opening
+MULTIPLY_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "multiply",
+        "description": "Multiply two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer", "description": "the first factor"},
+                "b": {"type": "integer", "description": "the second factor"},
+            },
+            "required": ["a", "b"],
+        },
+        "return": {"type": "integer"},
+    },
+}
+
+
+def test_a_multiplication_row_answers_directly():
+    # 12345 * 67890 = 12345 * 60000 + 12345 * 7890 = 740,700,000 + 97,402,050
+    assert multiplication_row(12345, 67890, "mul-test-0") == {
+        "id": "mul-test-0",
+        "problem": "What is 12345 * 67890?",
+        "solution": "The final answer is \\boxed{838102050}.",
+        "answer": "838102050",
+    }
+
+
+def test_a_calculator_row_calls_multiply_and_repeats_its_result():
+    """The call names the tool and both factors as integers; the tool's message is the
+    one the tool environment appends for it (name, the result as text); the final answer
+    is the result, boxed."""
+    row = calculator_row(12345, 67890, "mul-train-3", [MULTIPLY_SCHEMA])
+    call = {"type": "function",
+            "function": {"name": "multiply", "arguments": {"a": 12345, "b": 67890}}}  # fmt: skip
+    assert row == {
+        "id": "mul-train-3",
+        "problem": "What is 12345 * 67890?",
+        "answer": "838102050",
+        "messages": [
+            {"role": "user", "content": "What is 12345 * 67890?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "multiply", "content": "838102050"},
+            {"role": "assistant", "content": "The final answer is \\boxed{838102050}."},
+        ],
+        "tools": [MULTIPLY_SCHEMA],
+    }
+    assert multiply_schema() == MULTIPLY_SCHEMA
+
+
+def factors(row: dict) -> tuple[int, int]:
+    a, b = row["problem"].removeprefix("What is ").removesuffix("?").split(" * ")
+    return int(a), int(b)
+
+
+def test_the_two_product_kinds_draw_the_same_problems_under_the_same_ids():
+    direct = synth_rows("multiplication", 40, n_test=10, seed=3)
+    tool = synth_rows("calculator", 40, n_test=10, seed=3)
+    for split, count in (("train", 40), ("test", 10)):
+        assert len(direct[split]) == len(tool[split]) == count
+        for d, t in zip(direct[split], tool[split], strict=True):
+            assert (d["id"], d["problem"], d["answer"]) == (t["id"], t["problem"], t["answer"])
+            a, b = factors(d)
+            assert 10_000 <= a <= 99_999 and 10_000 <= b <= 99_999  # 5 digits by default
+            assert d["answer"] == str(a * b)
+            assert t["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"a": a, "b": b}
+    assert direct["test"][0]["id"] == "mul-test-0" and direct["train"][0]["id"] == "mul-train-0"
+
+
+def test_no_test_problem_is_in_train_either_way_round():
+    """With 2-digit factors (4,095 problems) 2,000 rows would draw repeats if any were
+    allowed; a * b and b * a count as one problem."""
+    rows = synth_rows("multiplication", 1900, n_test=100, seed=0, digits=2)
+    train = [tuple(sorted(factors(r))) for r in rows["train"]]
+    test = [tuple(sorted(factors(r))) for r in rows["test"]]
+    assert len(set(train)) == 1900 and len(set(test)) == 100
+    assert not set(train) & set(test)
+    assert all(10 <= a <= 99 and 10 <= b <= 99 for a, b in train + test)
+
+
+def test_the_seed_decides_the_problems():
+    first = synth_rows("multiplication", 20, n_test=5, seed=1)
+    assert synth_rows("multiplication", 20, n_test=5, seed=1) == first
+    assert synth_rows("multiplication", 20, n_test=5, seed=2) != first
+
+
+def test_every_problem_of_a_small_space_can_be_drawn():
+    """One-digit factors make 45 problems; asking for all 45 gives each once."""
+    rows = synth_rows("multiplication", 40, n_test=5, seed=0, digits=1)
+    drawn = {tuple(sorted(factors(r))) for r in rows["train"] + rows["test"]}
+    assert drawn == {(a, b) for a in range(1, 10) for b in range(a, 10)}
+
+
+@pytest.mark.parametrize(
+    ("kind", "n", "options", "says"),
+    [
+        ("algebra", 5, {}, "unknown generator 'algebra'; known: arithmetic, multiplication, calculator"),
+        ("multiplication", 40, {"n_test": 10, "digits": 1},
+         "asked for 40 train + 10 test problems; there are 45 distinct 1-digit multiplication"),
+        ("calculator", 5, {"digits": 0}, "--digits 0: a factor has at least one digit"),
+        ("arithmetic", 5, {"digits": 3}, "--digits is read by multiplication and calculator"),
+        ("multiplication", 0, {}, "asked for 0 train"),
+    ],
+    ids=["unknown-kind", "too-many", "no-digits", "digits-of-arithmetic", "no-rows"],
+)  # fmt: skip
+def test_bad_requests_are_one_clear_error(kind, n, options, says):
+    with pytest.raises(InputError) as raised:
+        synth_rows(kind, n, **options)
+    assert says in str(raised.value)
+
+
+def test_calculator_traces_build_into_rows_that_train_the_call_and_the_answer(
+    tmp_path, tiny_tokenizer, tiny_tokenizer_dir
+):
+    """Built with transform messages and the tokenizer pt-data makes (ChatML that renders
+    tools and calls as Qwen2.5's does): the tools are listed in the opening, and the ids
+    trained are the call, in <tool_call> tags, and the final answer; the tool's answer,
+    a user turn of the template, is context."""
+    from pt_data.build import build
+    from pt_data.config import DataConfig
+
+    write_synth("calculator", 3, tmp_path / "synth", n_test=1, seed=0)
+    cfg = DataConfig.model_validate({
+        "datasets": [{"source": str(tmp_path / "synth" / "train.jsonl"), "transform": "messages"}],
+        "tokenizer": {"name_or_path": str(tiny_tokenizer_dir), "packing": False},
+    })  # fmt: skip
+    build(cfg, out_dir=tmp_path / "out")
+    trace = read_rows(tmp_path / "synth" / "train.jsonl")[0]
+    a, b = factors(trace)
+    row = read_rows(split_path(tmp_path / "out", "train"))[0]
+    trained = [t for t, label in zip(row["input_ids"], row["labels"], strict=True) if label != -100]
+    assert tiny_tokenizer.decode(trained) == (
+        f'<tool_call>\n{{"name": "multiply", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
+        f"<|im_end|>The final answer is \\boxed{{{a * b}}}.<|im_end|>"
+    )
+    text = tiny_tokenizer.decode(row["input_ids"])
+    assert "<tools>\n" + json.dumps(MULTIPLY_SCHEMA) + "\n</tools>" in text
+    assert f"<tool_response>\n{a * b}\n</tool_response>" in text
