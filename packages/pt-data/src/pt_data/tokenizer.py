@@ -79,8 +79,12 @@ def build_tokenizer(
     return hf
 
 
-def row_texts(row: dict) -> list[str]:
-    """Every string in a row, message contents included."""
+def row_texts(row: dict, where: str = "row") -> list[str]:
+    """Every string in a row, message contents included. A conversation (``messages``)
+    with tool calls or a ``tools`` column adds its rendering by the ChatML template, so
+    that the tokenizer learns the text the template writes around them (the tool list in
+    the opening, the calls' tags and JSON), which no column holds and every such row
+    repeats; ``where`` names the row in the error of one that cannot be rendered."""
     out = []
     for value in row.values():
         if isinstance(value, str):
@@ -91,6 +95,18 @@ def row_texts(row: dict) -> list[str]:
                     out.append(item)
                 elif isinstance(item, dict) and isinstance(item.get("content"), str):
                     out.append(item["content"])
+    messages = row.get("messages")
+    if isinstance(messages, list) and (
+        row.get("tools") or any(isinstance(m, dict) and m.get("tool_calls") for m in messages)
+    ):
+        from pt_data.templates import compile_template
+        from pt_data.tokenize import check_messages, check_tools
+
+        rendered = compile_template(CHATML).render(
+            messages=check_messages(messages, where), tools=check_tools(row.get("tools"), where),
+            bos_token="",
+        )  # fmt: skip
+        out.append(rendered)
     return out
 
 
@@ -103,8 +119,8 @@ def train_tokenizer_on_rows(
     texts = [
         text
         for path in paths
-        for row in iter_rows(path, skip_bad=skip_bad)
-        for text in row_texts(row)
+        for i, row in enumerate(iter_rows(path, skip_bad=skip_bad), start=1)
+        for text in row_texts(row, f"{path}: row {i}")
     ]
     if not any(t.strip() for t in texts):
         from pt_core.errors import InputError
