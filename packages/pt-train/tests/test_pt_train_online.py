@@ -202,6 +202,35 @@ def test_opd_compares_student_and_teacher_at_the_temperature_sampled(world):
     assert step["ratio"] == pytest.approx(1.0, abs=1e-5)
 
 
+def test_opd_on_greedy_samples_compares_the_models_at_temperature_1(world):
+    """Greedy decoding (temperature 0) draws from no distribution: its samples are the mode
+    of the model's own, so the teacher scores them at temperature 1 and the first step's
+    loss is the forward KL of the two models at 1; a loss that needs the sampling
+    distribution (pg_reverse_kl) refuses greedy at start."""
+    from pt_core.errors import ConfigError
+    from transformers import AutoModelForCausalLM
+
+    metrics = run(world, "greedy", steps=1, temperature=0.0)
+    (rows,) = rounds(world, "greedy")
+    teacher = AutoModelForCausalLM.from_pretrained(world / "teacher").eval()
+    row = rows[0]
+    ids = torch.tensor([row["prompt_token_ids"] + row["completion_token_ids"]])
+    n, p = len(row["completion_token_ids"]), len(row["prompt_token_ids"])
+    with torch.no_grad():
+        logits = teacher(ids).logits[0, p - 1 : p - 1 + n]
+    top = torch.log_softmax(logits, -1).topk(4, -1)
+    assert row["teacher_topk_ids"] == top.indices.tolist()
+    torch.testing.assert_close(torch.tensor(row["teacher_topk_logprobs"]), top.values,
+                               atol=1e-5, rtol=0)  # fmt: skip
+    assert metrics[0]["loss"] == pytest.approx(tempered_forward_kl(world, rows, 1.0), rel=1e-4)
+    cfg = config(world, "greedy-pg", steps=1, temperature=0.0)
+    cfg["objective"] = {"name": "opd", "loss": "pg_reverse_kl",
+                        "teacher": {"path": str(world / "teacher")}}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"rollout.temperature=0 is greedy"):
+        train(TrainConfig.model_validate(cfg))
+    assert not (world / "runs" / "greedy-pg").exists()
+
+
 def test_a_generator_process_gives_the_in_process_generators_run(world):
     """The same sync run with the HF engine in a generator process that is pushed the
     weights every round: the same samples, losses and final weights as generating in-process

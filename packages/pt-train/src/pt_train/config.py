@@ -727,8 +727,13 @@ class TrainConfig(Section):
         """The temperature of the distribution the trained samples were drawn from, at
         which the token head computes the policy's log-probs of them (and a teacher scores
         them): the online loop's ``rollout.temperature``; 1 for everything else (rows,
-        pairs, and rollouts given as data, sampled at temperature 1)."""
-        return self.rollout.temperature if self.rollout.prompts is not None else 1.0
+        pairs, and rollouts given as data, sampled at temperature 1). Greedy decoding
+        (``rollout.temperature: 0``) draws from no distribution: its samples are the mode of
+        the model's own, at temperature 1, and that is the one compared (a loss that needs
+        the sampling distribution, GRPO's or OPD's pg_reverse_kl, refuses greedy)."""
+        if self.rollout.prompts is None or self.rollout.temperature == 0:
+            return 1.0
+        return self.rollout.temperature
 
 
 def migrate(data: dict, *, warn: bool = True) -> dict:

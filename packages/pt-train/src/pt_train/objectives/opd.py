@@ -395,6 +395,17 @@ class OPD(Objective):
         the first step."""
         self.needs = self.declare(train_cfg.sampling_temperature)
         rollout = train_cfg.rollout
+        if rollout.prompts is not None and rollout.temperature == 0 and self.reads_sampled_logps():
+            why = (
+                f"loss: {self.cfg.loss}" if self.cfg.loss == "pg_reverse_kl"
+                else f"reward_weight={self.cfg.reward_weight}"
+            )  # fmt: skip
+            raise ConfigError(
+                f"objective opd with {why} is a policy gradient over samples drawn from the "
+                "student's distribution; rollout.temperature=0 is greedy and draws none",
+                hint="set rollout.temperature > 0 (1.0 samples the model as it is), or use a "
+                "divergence loss (forward_kl, reverse_kl, jsd)",
+            )
         if rollout.prompts is not None and rollout.truncated and self.reads_sampled_logps():
             why = (
                 f"loss: {self.cfg.loss}" if self.cfg.loss == "pg_reverse_kl"
