@@ -197,6 +197,8 @@ SYNOPSIS = {
     "pt-data stats DATASET|- [--split S] [--plot lengths.png] [--skip-bad]",
     "pt-data pairs GRADES|- [--out DIR] [--strategy one|all|margin] [--k K] [--seed S]",
     "pt-data synth arithmetic --n N --out DIR [--seed S] [--n-test M]",
+    "pt-data synth multiplication --n N --out DIR [--digits D] [--seed S] [--n-test M]",
+    "pt-data synth calculator --n N --out DIR [--digits D] [--seed S] [--n-test M]",
     "pt-data tokenizer --texts ROWS.jsonl [--texts MORE.parquet ...] --out DIR"
     " [--vocab-size 512] [--skip-bad]",
     "pt-rollout generate ... | pt-eval grade - | pt-data pairs - | pt-train run dpo.yaml --data -",
