@@ -1,0 +1,92 @@
+"""The examples of environments (examples/calculator, examples/guess): their configs are
+accepted, their scripts pass shellcheck, the calculator the example's policy calls is the
+one pt-data's traces call, and each script runs end to end at a small size."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from shell import sh, tools_path
+from test_examples import assert_shellcheck_passes
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+CONFIGS = [EXAMPLES / "calculator" / f"{n}.yaml" for n in ("sft", "grpo")] + [
+    EXAMPLES / "guess" / f"{n}.yaml" for n in ("sft", "grpo")
+]
+
+
+def test_the_scripts_pass_shellcheck():
+    assert_shellcheck_passes(EXAMPLES / "calculator" / "run.sh", EXAMPLES / "guess" / "run.sh")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.name}/{p.name}" for p in CONFIGS])
+def test_the_training_configs_pass_pt_train_check(cli, path):
+    cli("pt-train", "check", path)
+
+
+def test_the_direct_arms_data_config_validates():
+    from pt_data.config import load_data_config
+
+    assert load_data_config(EXAMPLES / "calculator" / "direct-data.yaml").datasets
+
+
+def test_the_calculator_is_the_tool_the_synthetic_traces_call():
+    """calc.py's multiply offers the schema (from its signature and docstring) that the rows
+    of ``pt-data synth calculator`` list in their tools column."""
+    import importlib.util
+
+    from transformers.utils import get_json_schema
+
+    from pt_data.synth import multiply_schema
+
+    spec = importlib.util.spec_from_file_location("calc", EXAMPLES / "calculator" / "calc.py")
+    assert spec is not None and spec.loader is not None
+    calc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(calc)
+    assert get_json_schema(calc.multiply) == multiply_schema()
+    assert calc.multiply(12345, 67890) == 838102050
+
+
+def small_run(tmp_path: Path, script: str, **sizes: int) -> tuple[Path, str]:
+    env = {**os.environ, "PATH": tools_path(), "PT_NO_SYNC": "1", "OMP_NUM_THREADS": "1",
+           **{k: str(v) for k, v in sizes.items()}}  # fmt: skip
+    proc = sh(f"bash {EXAMPLES / script / 'run.sh'}", tmp_path, env)
+    return tmp_path / f"{script}-out", proc.stdout
+
+
+@pytest.mark.slow
+def test_the_calculator_example_runs_end_to_end_at_a_small_size(tmp_path):
+    """run.sh on 200 problems, 4 SFT steps per arm and 2 of GRPO: every model evaluated,
+    the tool arm's as episodes in the tool environment (a row per sample, its calls
+    counted), the table printed and GRPO's reward curve drawn."""
+    out, stdout = small_run(tmp_path, "calculator", PT_CALCULATOR_TRAIN=200, PT_CALCULATOR_TEST=10,
+                            PT_CALCULATOR_SFT_STEPS=4, PT_CALCULATOR_WARM=2,
+                            PT_CALCULATOR_GRPO_STEPS=2, PT_CALCULATOR_SAMPLES=2)  # fmt: skip
+    for name in ("direct", "warm", "tool", "grpo"):
+        rows = [json.loads(x) for x in (out / "grades" / f"{name}.jsonl").read_text().splitlines()]
+        assert len(rows) == 20
+        assert all(("tool_calls" in r) == (name != "direct") for r in rows)
+    assert "5-digit products, 20 held-out samples each" in stdout
+    assert "tool, GRPO" in stdout
+    assert (out / "reward.png").stat().st_size > 0
+    rounds = list((out / "runs" / "grpo" / "rounds").glob("round-*/rollouts.jsonl"))
+    assert rounds and all("tool_calls" in json.loads(p.read_text().splitlines()[0]) for p in rounds)
+
+
+@pytest.mark.slow
+def test_the_guessing_game_example_runs_end_to_end_at_a_small_size(tmp_path):
+    """run.sh with 4 SFT steps and 2 of GRPO: both models play 10 test games twice as
+    episodes of guess.py's Guess, the table is printed and GRPO's reward curve drawn."""
+    out, stdout = small_run(tmp_path, "guess", PT_GUESS_SFT_STEPS=4, PT_GUESS_GRPO_STEPS=2,
+                            PT_GUESS_TEST=10, PT_GUESS_SAMPLES=2)  # fmt: skip
+    for name in ("sft", "grpo"):
+        rows = [
+            json.loads(x) for x in (out / "rollouts" / f"{name}.jsonl").read_text().splitlines()
+        ]
+        assert len(rows) == 20 and all(1 <= r["num_turns"] <= 4 for r in rows)
+    assert "10 held-out games, 2 plays each" in stdout and "SFT + GRPO" in stdout
+    assert (out / "reward.png").stat().st_size > 0
