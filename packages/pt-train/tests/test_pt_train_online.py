@@ -207,8 +207,9 @@ def test_opd_on_greedy_samples_compares_the_models_at_temperature_1(world):
     of the model's own, so the teacher scores them at temperature 1 and the first step's
     loss is the forward KL of the two models at 1; a loss that needs the sampling
     distribution (pg_reverse_kl) refuses greedy at start."""
-    from pt_core.errors import ConfigError
     from transformers import AutoModelForCausalLM
+
+    from pt_core.errors import ConfigError
 
     metrics = run(world, "greedy", steps=1, temperature=0.0)
     (rows,) = rounds(world, "greedy")
