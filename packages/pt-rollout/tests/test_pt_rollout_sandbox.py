@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -132,6 +133,11 @@ def test_the_look_at_the_host_sees_a_process_left_and_a_file_written(backend, tm
     made.assert_unharmed(nothing)
     left = subprocess.Popen(["sleep", "600"], env={**made.env, "PATH": os.environ["PATH"]})
     try:
+        # /proc/PID/environ is the new one only once the exec is through: on a busy machine
+        # that can be after Popen returns
+        deadline = time.monotonic() + 10
+        while made.leftovers() != [left.pid] and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert made.leftovers() == [left.pid]
         made.outside[1].write_text("written")
         with pytest.raises(AssertionError):
