@@ -35,19 +35,19 @@ def test_the_direct_arms_data_config_validates():
 
 
 def test_the_calculator_is_the_tool_the_synthetic_traces_call():
-    """calc.py's multiply offers the schema (from its signature and docstring) that the rows
-    of ``pt-data synth calculator`` list in their tools column."""
+    """calc.py's multiply, as the tool environment offers it (the schema from its signature
+    and docstring), is the tool the rows of ``pt-data synth calculator`` list in their
+    tools column."""
     import importlib.util
 
-    from transformers.utils import get_json_schema
-
     from pt_data.synth import multiply_schema
+    from pt_rollout.tools.schema import function_schema
 
     spec = importlib.util.spec_from_file_location("calc", EXAMPLES / "calculator" / "calc.py")
     assert spec is not None and spec.loader is not None
     calc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(calc)
-    assert get_json_schema(calc.multiply) == multiply_schema()
+    assert function_schema(calc.multiply, "calc.py:multiply") == multiply_schema()
     assert calc.multiply(12345, 67890) == 838102050
 
 

@@ -138,7 +138,7 @@ def multiply(a: int, b: int) -> int:
 def multiply_schema() -> dict:
     """:func:`multiply`'s tool schema, as the tool environment offers a function of its
     signature and docstring (transformers' ``get_json_schema``)."""
-    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import get_json_schema
 
     return get_json_schema(multiply)
 
