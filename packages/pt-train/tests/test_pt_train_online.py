@@ -161,24 +161,33 @@ def tempered_forward_kl(world: Path, rows: list[dict], temperature: float) -> fl
     return total / count
 
 
+def completion_logps(world: Path, model: str, row: dict, temperature: float) -> torch.Tensor:
+    """``model``'s log-probs (at ``temperature``) of every next token over a round row's
+    completion, worked out here: ``[completion tokens, vocabulary]``."""
+    from transformers import AutoModelForCausalLM
+
+    net = AutoModelForCausalLM.from_pretrained(world / model).eval()
+    ids = torch.tensor([row["prompt_token_ids"] + row["completion_token_ids"]])
+    n, p = len(row["completion_token_ids"]), len(row["prompt_token_ids"])
+    with torch.no_grad():
+        return torch.log_softmax(net(ids).logits[0, p - 1 : p - 1 + n] / temperature, -1)
+
+
+def assert_teacher_topk(world: Path, row: dict, temperature: float) -> None:
+    """The row's teacher top-4 ids and log-probs are the teacher's at ``temperature``."""
+    top = completion_logps(world, "teacher", row, temperature).topk(4, -1)
+    assert row["teacher_topk_ids"] == top.indices.tolist()
+    torch.testing.assert_close(torch.tensor(row["teacher_topk_logprobs"]), top.values,
+                               atol=1e-5, rtol=0)  # fmt: skip
+
+
 def test_opd_compares_student_and_teacher_at_the_temperature_sampled(world):
     """Sampled at temperature 0.7, the teacher's top-4 log-probs in the round are its
     distribution at 0.7, and the first step's loss is the forward KL of the student's and
     the teacher's distributions at 0.7 (worked out here from the two models), not at 1."""
-    from transformers import AutoModelForCausalLM
-
     metrics = run(world, "tempered", steps=1, temperature=0.7)
     (rows,) = rounds(world, "tempered")
-    teacher = AutoModelForCausalLM.from_pretrained(world / "teacher").eval()
-    row = rows[0]
-    ids = torch.tensor([row["prompt_token_ids"] + row["completion_token_ids"]])
-    n, p = len(row["completion_token_ids"]), len(row["prompt_token_ids"])
-    with torch.no_grad():
-        logits = teacher(ids).logits[0, p - 1 : p - 1 + n]
-    tempered = torch.log_softmax(logits / 0.7, -1).topk(4, -1)
-    assert row["teacher_topk_ids"] == tempered.indices.tolist()
-    torch.testing.assert_close(torch.tensor(row["teacher_topk_logprobs"]), tempered.values,
-                               atol=1e-5, rtol=0)  # fmt: skip
+    assert_teacher_topk(world, rows[0], 0.7)
     expected = tempered_forward_kl(world, rows, 0.7)
     assert metrics[0]["loss"] == pytest.approx(expected, rel=1e-4)
     assert abs(tempered_forward_kl(world, rows, 1.0) - expected) > 1e-3 * expected
@@ -189,12 +198,8 @@ def test_opd_compares_student_and_teacher_at_the_temperature_sampled(world):
                         "teacher": {"path": str(world / "teacher")}}  # fmt: skip
     train(TrainConfig.model_validate(cfg))
     (rows,) = rounds(world, "tempered-pg")
-    student = AutoModelForCausalLM.from_pretrained(world / "student").eval()
     row = rows[0]
-    ids = torch.tensor([row["prompt_token_ids"] + row["completion_token_ids"]])
-    n, p = len(row["completion_token_ids"]), len(row["prompt_token_ids"])
-    with torch.no_grad():
-        logps = torch.log_softmax(student(ids).logits[0, p - 1 : p - 1 + n] / 0.7, -1)
+    logps = completion_logps(world, "student", row, 0.7)
     sampled = logps.gather(-1, torch.tensor(row["completion_token_ids"])[:, None])[:, 0]
     torch.testing.assert_close(torch.tensor(row["completion_logprobs"]), sampled,
                                atol=1e-5, rtol=0)  # fmt: skip
@@ -207,22 +212,11 @@ def test_opd_on_greedy_samples_compares_the_models_at_temperature_1(world):
     of the model's own, so the teacher scores them at temperature 1 and the first step's
     loss is the forward KL of the two models at 1; a loss that needs the sampling
     distribution (pg_reverse_kl) refuses greedy at start."""
-    from transformers import AutoModelForCausalLM
-
     from pt_core.errors import ConfigError
 
     metrics = run(world, "greedy", steps=1, temperature=0.0)
     (rows,) = rounds(world, "greedy")
-    teacher = AutoModelForCausalLM.from_pretrained(world / "teacher").eval()
-    row = rows[0]
-    ids = torch.tensor([row["prompt_token_ids"] + row["completion_token_ids"]])
-    n, p = len(row["completion_token_ids"]), len(row["prompt_token_ids"])
-    with torch.no_grad():
-        logits = teacher(ids).logits[0, p - 1 : p - 1 + n]
-    top = torch.log_softmax(logits, -1).topk(4, -1)
-    assert row["teacher_topk_ids"] == top.indices.tolist()
-    torch.testing.assert_close(torch.tensor(row["teacher_topk_logprobs"]), top.values,
-                               atol=1e-5, rtol=0)  # fmt: skip
+    assert_teacher_topk(world, rows[0], 1.0)
     assert metrics[0]["loss"] == pytest.approx(tempered_forward_kl(world, rows, 1.0), rel=1e-4)
     cfg = config(world, "greedy-pg", steps=1, temperature=0.0)
     cfg["objective"] = {"name": "opd", "loss": "pg_reverse_kl",
