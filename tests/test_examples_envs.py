@@ -90,3 +90,72 @@ def test_the_guessing_game_example_runs_end_to_end_at_a_small_size(tmp_path):
         assert len(rows) == 20 and all(1 <= r["num_turns"] <= 4 for r in rows)
     assert "10 held-out games, 2 plays each" in stdout and "SFT + GRPO" in stdout
     assert (out / "reward.png").stat().st_size > 0
+
+
+def load_example(folder: str, name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{folder}_{name}", EXAMPLES / folder / name)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_guess_reports_figures_are_the_hand_counts():
+    """Three games of secret 7, counted by hand: guesses after the first 2 + 3 + 0 = 5, of
+    which outside what the answers left open 1 (game 1: 3 after "lower" at 5) + 2 (game 2:
+    2 after "higher" at 4, 9 after "lower" at 8) = 3; won 2 of 3; turns 3, 4, 1."""
+    report = load_example("guess", "report.py")
+
+    def game(*turns: str) -> list[dict]:
+        messages = [{"role": "user", "content": "Guess my number from 1 to 10."}]
+        for guess in turns:
+            messages.append({"role": "assistant", "content": guess})
+            if guess != "7":
+                messages.append(
+                    {"role": "user", "content": "higher" if int(guess) < 7 else "lower"}
+                )
+        return messages
+
+    rows = [
+        {"id": "a", "messages": game("9", "3", "7"), "env_reward": 1.0, "num_turns": 3},
+        {"id": "a", "messages": game("4", "2", "8", "9"), "env_reward": 0.0, "num_turns": 4},
+        {"id": "b", "messages": game("7"), "env_reward": 1.0, "num_turns": 1},
+    ]
+    assert report.contradictions(rows[0]["messages"]) == (2, 0)
+    rows[0]["messages"] = game("5", "3", "7")  # 3 after "higher" at 5: against it
+    assert report.contradictions(rows[0]["messages"]) == (2, 1)
+    s = report.summary(rows)
+    assert (s["n"], s["games"]) == (3, 2)
+    assert s["reward"] == pytest.approx(2 / 3)
+    assert s["turns"] == pytest.approx(8 / 3)
+    assert s["contradicting"] == pytest.approx(3 / 5)
+
+
+def test_the_calculator_reports_figures_are_the_hand_counts():
+    """Four graded episodes: 2 correct, 3 with a call, 1 tool error and 2 parse failures
+    in all, one answer not found."""
+    report = load_example("calculator", "report.py")
+    rows = [
+        {"correct": True, "tool_calls": 1, "tool_errors": 0, "parse_failures": 0, "extracted": "6"},
+        {"correct": True, "tool_calls": 2, "tool_errors": 1, "parse_failures": 0, "extracted": "8"},
+        {
+            "correct": False,
+            "tool_calls": 1,
+            "tool_errors": 0,
+            "parse_failures": 2,
+            "extracted": "9",
+        },
+        {
+            "correct": False,
+            "tool_calls": 0,
+            "tool_errors": 0,
+            "parse_failures": 0,
+            "extracted": None,
+        },
+    ]
+    s = report.summary(rows)
+    assert (s["n"], s["accuracy"], s["called"], s["no_answer"]) == (4, 0.5, 0.75, 1)
+    assert s["stderr"] == pytest.approx((0.5 * 0.5 / 4) ** 0.5)
+    assert (s["tool_errors"], s["parse_failures"]) == (0.25, 0.5)
