@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -175,6 +176,37 @@ def test_a_program_works_in_a_fresh_scratch_directory_it_can_import_from(host):
     second = host.run("import os\nprint(os.getcwd(), sorted(os.listdir('.')))")
     assert second.stdout == "/tmp ['main.py']\n"
     host.assert_unharmed(second)
+
+
+def test_an_interpreter_under_tmp_is_shown_elsewhere_and_the_scratch_stays_empty(backend):
+    """A virtual environment in the host's /tmp (a checkout there) runs the program, with
+    its own packages, from /run/pt-sandbox, read-only; the program's /tmp holds only its
+    own files, and a write to the environment's host path or its shown path fails."""
+    venv = Path(tempfile.mkdtemp(prefix="pt-sandbox-venv-", dir="/tmp"))
+    venv.chmod(0o755)  # the program's user reads it, as it reads a checkout's environment
+    try:
+        base = getattr(sys, "_base_executable", sys.executable)
+        subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
+        (site,) = (venv / "lib").glob("python*/site-packages")
+        (site / "pt_sandbox_probe.py").write_text("WHERE = 'the venv under /tmp'\n")
+        code = f"""import os, sys, pt_sandbox_probe
+print(os.getcwd(), sorted(os.listdir('/tmp')), sys.prefix, pt_sandbox_probe.WHERE)
+for path in ({str(venv)!r}, sys.prefix):
+    try:
+        open(path + '/written', 'w').write('written')
+        print('written')
+    except OSError as exc:
+        print(type(exc).__name__)
+"""
+        python = str(venv / "bin" / "python")
+        result = run_python(code, limits=LIMITS, python=python, backend=backend)
+        lines = result.stdout.splitlines()
+        assert lines[0] == "/tmp ['main.py'] /run/pt-sandbox/0 the venv under /tmp", result.report()
+        assert lines[1] == "FileNotFoundError"  # the host's /tmp is not there
+        assert lines[2] in ("OSError", "PermissionError")  # read-only
+        assert not (venv / "written").exists()
+    finally:
+        shutil.rmtree(venv)
 
 
 def test_a_program_runs_as_an_unprivileged_user_without_new_privileges(host):

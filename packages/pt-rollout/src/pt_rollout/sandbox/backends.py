@@ -13,6 +13,12 @@ view of the file system, and which of the two ways works on this machine.
   ``nobody``. Unlike bwrap, the rest of the host's files stay visible: a program can
   read what any user may read (world-readable files outside the home directories).
 
+An interpreter whose directories lie under /tmp or /dev/shm (a checkout in /tmp) cannot be
+shown at its own path: the program's scratch space is there, and must be empty. Such
+directories are shown read-only under ``/run/pt-sandbox`` instead (a virtual environment
+runs from anywhere: Python finds it by its ``pyvenv.cfg``), and the interpreter is run
+from there.
+
 Elsewhere (no bwrap that works, not root) there is no sandbox, and pt says so.
 """
 
@@ -45,6 +51,9 @@ ETC = (
 )
 # hidden under the fallback (bwrap shows none of them)
 HOMES = ("/root", "/home")
+# where an interpreter's directories under a scratch path are shown instead (the fallback
+# covers /run with a tmpfs of its own to make room for them)
+SHOWN = "/run/pt-sandbox"
 RUN_UIDS = 0x70000000  # where pt runs as root, each run's uid is one of the 2**24 above
 WRAPPER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # never the parent's environment
 
@@ -89,7 +98,29 @@ def interpreter_dirs(python: str) -> tuple[str, ...]:
     return tuple(sorted(d for d in dirs if d != "/usr" and not d.startswith("/usr/")))
 
 
-def bwrap_command(dirs: tuple[str, ...], scratch_bytes: int) -> list[str]:
+def placement(dirs: tuple[str, ...]) -> dict[str, str]:
+    """Where each of the interpreter's directories is shown in the sandbox: at its own
+    path, or, under a scratch path, at ``SHOWN/N/...`` (a directory inside another one
+    keeps its place in it)."""
+    under_scratch = [d for d in dirs if any(_within(d, s) for s in SCRATCH)]
+    tops = [d for d in under_scratch if not any(o != d and _within(d, o) for o in under_scratch)]
+    moved = {top: f"{SHOWN}/{n}" for n, top in enumerate(sorted(tops))}
+    return {d: shown_path(d, moved) for d in dirs}
+
+
+def shown_path(path: str, placed: dict[str, str]) -> str:
+    """``path`` as the sandbox shows it, given the directories' placement."""
+    for host, shown in placed.items():
+        if _within(path, host):
+            return shown + path[len(host) :]
+    return path
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def bwrap_command(placed: dict[str, str], scratch_bytes: int) -> list[str]:
     """bwrap and its options: the namespaces, the read-only view, the scratch tmpfs. As
     root, bwrap makes no user namespace and keeps only the capabilities inside.py needs
     to become the run's uid (it drops them with root, before the program starts); else it
@@ -120,12 +151,12 @@ def bwrap_command(dirs: tuple[str, ...], scratch_bytes: int) -> list[str]:
     for path in SCRATCH:
         argv += ["--perms", "1777", "--size", str(scratch_bytes), "--tmpfs", path]
     made = set()
-    for path in dirs:
-        for parent in reversed(Path(path).parents[:-1]):  # bwrap would make them 0700
+    for path, shown in placed.items():
+        for parent in reversed(Path(shown).parents[:-1]):  # bwrap would make them 0700
             if parent not in made:
                 argv += ["--perms", "0755", "--dir", str(parent)]
                 made.add(parent)
-        argv += ["--ro-bind", path, path]
+        argv += ["--ro-bind", path, shown]
     return [*argv, "--remount-ro", "/", "--chdir", "/tmp", "--clearenv", "--"]
 
 
@@ -137,12 +168,14 @@ def unshare_command() -> list[str]:
             "--fork", "--kill-child", "--propagation", "private", "--mount-proc", "--"]  # fmt: skip
 
 
-def fallback_view(dirs: tuple[str, ...], scratch_bytes: int) -> dict:
-    """What inside.py mounts in the fallback's mount namespace."""
+def fallback_view(placed: dict[str, str], scratch_bytes: int) -> dict:
+    """What inside.py mounts in the fallback's mount namespace: ``keep`` holds each
+    directory's path on the host and in the sandbox."""
+    moved = any(path != shown for path, shown in placed.items())
     return {
         "host_mount_namespace": os.readlink("/proc/self/ns/mnt"),
-        "keep": list(dirs),
-        "hide": list(HOMES),
+        "keep": [[path, shown] for path, shown in placed.items()],
+        "hide": [*HOMES, *([os.path.dirname(SHOWN)] if moved else [])],
         "scratch": list(SCRATCH),
         "scratch_bytes": scratch_bytes,
     }

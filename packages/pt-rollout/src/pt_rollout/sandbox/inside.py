@@ -139,7 +139,7 @@ def make_view(view):
     if os.readlink("/proc/self/ns/mnt") == view["host_mount_namespace"]:
         raise RuntimeError("not in a mount namespace of its own")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    keep = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in view["keep"]}
+    keep = {shown: os.open(path, os.O_PATH | os.O_DIRECTORY) for path, shown in view["keep"]}
     for path in view["hide"]:
         if os.path.isdir(path):
             mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
@@ -154,8 +154,8 @@ def make_view(view):
 
 
 def bind_back(keep):
-    """Bind each kept directory (open since before it was covered) over its own path,
-    where a mount covered it, read-only."""
+    """Bind each kept directory (open since before it was covered) at the path it is shown
+    at, where it is not there yet (a mount covered it, or it is shown elsewhere), read-only."""
     for path, fd in keep.items():
         if os.path.isdir(path) and os.path.samestat(os.stat(path), os.fstat(fd)):
             continue

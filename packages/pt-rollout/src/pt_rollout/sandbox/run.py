@@ -39,7 +39,9 @@ from pt_rollout.sandbox.backends import (
     bwrap_command,
     fallback_view,
     interpreter_dirs,
+    placement,
     sandbox_user,
+    shown_path,
     unavailable_reason,
     unshare_command,
 )
@@ -192,21 +194,25 @@ def backend_problem(backend: str, python: str) -> str | None:
 
 
 def _run(code: str, limits: SandboxLimits, env: dict, python: str, backend: str) -> SandboxResult:
-    dirs = interpreter_dirs(python)
+    placed = placement(interpreter_dirs(python))
+    shown = shown_path(python, placed)  # the program's interpreter, as the sandbox shows it
     ready_read, ready_write = os.pipe()
     settings = {
-        "python": python,
+        "python": shown,
         "scratch": SCRATCH[0],
         "limits": dataclasses.asdict(limits),
-        "env": _program_env(python, env),
+        "env": _program_env(shown, env),
         "ready_fd": ready_write,
         "user": sandbox_user(),
-        "view": None if backend == "bwrap" else fallback_view(dirs, limits.scratch_bytes),
+        "view": None if backend == "bwrap" else fallback_view(placed, limits.scratch_bytes),
     }
-    wrapper = bwrap_command(dirs, limits.scratch_bytes) if backend == "bwrap" else unshare_command()
+    if backend == "bwrap":  # inside.py starts in the sandbox's view
+        wrapper, launcher = bwrap_command(placed, limits.scratch_bytes), shown
+    else:  # inside.py starts in the host's view, and makes the sandbox's
+        wrapper, launcher = unshare_command(), python
     started = time.monotonic()
     try:
-        process = _Sandboxed([*wrapper, python, "-I", "-S", "-c", INSIDE, json.dumps(settings)],
+        process = _Sandboxed([*wrapper, launcher, "-I", "-S", "-c", INSIDE, json.dumps(settings)],
                              ready_write)  # fmt: skip
     finally:
         os.close(ready_write)
