@@ -1,12 +1,18 @@
 """``pt-data build``: sources -> transform -> mix -> (template, tokenize, pack) -> shards.
 
-The whole output directory is written under a temporary name and renamed into
-place at the end, so a failed build leaves nothing behind (and an earlier good
-build at the same path stays untouched until the new one is complete).
-
 Rows stream through in chunks of ``chunk_rows``: each chunk is shuffled (seeded),
-tokenized over ``num_proc`` processes and packed, then written as parquet shards of
-at most ``shard_rows`` rows. Memory is bounded by one chunk, not by the dataset.
+tokenized over ``num_proc`` processes and packed, and written on its own in the build's
+work directory (:mod:`pt_data.chunks`); the dataset is then assembled from the chunks in
+order, as parquet shards of at most ``shard_rows`` rows. Memory is set by one chunk (and
+the tokenizer), not by the number of rows: nothing per row is kept across chunks but
+an 8-byte key per kept row for de-duplication.
+
+A build killed mid-way resumes at its last complete chunk; a build split with
+``--shard i/N`` builds every N-th chunk in each shard, and the last shard to finish
+assembles the dataset: the same bytes either way. The output directory is written under
+a temporary name and renamed into place at the end, so a failed build leaves no output
+(and an earlier good build at the same path stays untouched until the new one is
+complete).
 
 Output::
 
@@ -18,19 +24,21 @@ Output::
 from __future__ import annotations
 
 import json
+import os
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from pt_core.chat import end_of_turn_ids, tokenizer_fingerprint
 from pt_core.config import config_hash
-from pt_core.errors import ConfigError, InputError, disk_full_as_error
+from pt_core.errors import ConfigError, DiskFull, InputError, disk_full_as_error
 from pt_core.files import atomic_path, atomic_write_json
 from pt_core.log import get_logger, progress
 from pt_data import __version__
+from pt_data.chunks import WorkDir, assemble_split, sources_fingerprint
 from pt_data.config import DataConfig
-from pt_data.mix import MixedRow, Mixer
+from pt_data.mix import MixedRow, Mixer, SourceStats
 from pt_data.pack import pack_table
 
 log = get_logger(__name__)
@@ -170,9 +178,14 @@ class Builder:
                 chat_template=cfg.tokenizer.chat_template,
                 train_on=cfg.tokenizer.train_on,
             )
+        self._reset_counts()
+        self.pairs = None  # ParallelPairs, once the rows turn out to be preferences
+
+    def _reset_counts(self) -> None:
+        """The counts of one chunk (kept in its marker), or of the whole dataset."""
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.source_tokens: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        self.pairs = None  # ParallelPairs, once the rows turn out to be preferences
+        self.token_dropped: dict[str, Counter] = defaultdict(Counter)  # by source, reason
 
     @property
     def tokenized(self) -> bool:
@@ -211,47 +224,151 @@ class Builder:
             )
         return kind or "conversations"
 
-    def run(self, out_dir: Path) -> dict[str, Any]:
+    def run(self, out_dir: Path, shard: tuple[int, int] = (0, 1)) -> dict[str, Any] | None:
+        """Build the chunks of ``shard`` (``(i, N)``: every N-th chunk from the i-th) that
+        are not complete yet, then assemble the dataset if no chunk is missing. Returns
+        the manifest fields, or None when other shards still have chunks to build."""
         cfg = self.cfg
-        writers: dict[str, ShardWriter] = {}
+        work = WorkDir(
+            out_dir, {"data_hash": data_hash(cfg), "sources": sources_fingerprint(cfg.datasets)}
+        )
+        try:
+            with disk_full_as_error(out_dir, kept="nothing written there"):
+                done = work.open()
+                if done:
+                    log.info(
+                        "resuming the build at %s: %d chunks already complete", work.path, done
+                    )
+                if work.missing() != []:
+                    self._build_chunks(work, shard)
+                with work.lock():
+                    missing = work.missing()
+                    if missing is None:  # another shard assembled it and removed the chunks
+                        return self._assembled_by_another(out_dir)
+                    if missing:
+                        log.info(
+                            "shard %d/%d done; %d of %d chunks still to build by the other "
+                            "shards (the last to finish assembles %s)",
+                            *shard, len(missing), work.mixer()["chunks"], out_dir,
+                        )  # fmt: skip
+                        return None
+                    info = self._assemble(work, out_dir)
+                work.remove()
+        except (InputError, ConfigError, DiskFull):
+            # bad input: no chunk of it is worth resuming from; a full disk: the chunks
+            # are what filled it. (Interrupted or killed, the complete chunks stay.)
+            work.remove()
+            raise
+        return info
+
+    def _build_chunks(self, work: WorkDir, shard: tuple[int, int]) -> None:
+        """One pass over the sources; the chunks of this shard not complete yet are built."""
+        cfg = self.cfg
+        index, count = shard
         encoder = None
         if self.ct is not None:
             from pt_data.tokenize import ParallelEncoder
 
+            # each process tokenizes on one core: num_proc is the number of cores used
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
             encoder = ParallelEncoder(self.ct, cfg.num_proc)
         try:
-            with (
-                disk_full_as_error(out_dir, kept="nothing written there"),
-                atomic_path(out_dir) as tmp,
-                progress() as bar,
-            ):
-                task = bar.add_task("building", total=None)
+            with progress() as bar:
+                what = "building" if count == 1 else f"building shard {index}/{count}"
+                task = bar.add_task(what, total=None)
                 chunk: list[MixedRow] = []
-                n_chunk = 0
+                n_chunk, in_chunk = 0, 0
+
+                def mine(n: int) -> bool:
+                    return n % count == index and not work.is_done(n)
+
+                # a chunk is tokenized by the processes while this one packs and writes
+                # the chunk before and reads the rows of the next
+                pending = None
+                keep = mine(0)
                 for item in self.mixer.rows():
-                    chunk.append(item)
-                    if len(chunk) >= cfg.chunk_rows:
-                        self._write_chunk(chunk, n_chunk, tmp, writers, encoder)
-                        bar.advance(task, len(chunk))
-                        chunk, n_chunk = [], n_chunk + 1
-                if chunk:
-                    self._write_chunk(chunk, n_chunk, tmp, writers, encoder)
-                    bar.advance(task, len(chunk))
-                if not writers:
-                    read = sum(s.read for s in self.mixer.stats.values())
-                    raise InputError(
-                        f"no rows left to write ({read} read; dropped: {self._dropped()})",
-                        hint="check the filters, weights and transforms; see pt-data inspect",
-                    )
-                for w in writers.values():
-                    w.close()
-                info = self._dataset_info(writers)
-                atomic_write_json(tmp / "dataset.json", info)
+                    in_chunk += 1
+                    if keep:
+                        chunk.append(item)
+                    if in_chunk >= cfg.chunk_rows:
+                        if keep:
+                            started = self._start_chunk(chunk, n_chunk, encoder)
+                            if pending is not None:
+                                self._finish_chunk(pending, work)
+                            pending = started
+                        bar.advance(task, in_chunk)
+                        chunk, n_chunk, in_chunk = [], n_chunk + 1, 0
+                        keep = mine(n_chunk)
+                if in_chunk:
+                    if keep:
+                        started = self._start_chunk(chunk, n_chunk, encoder)
+                        if pending is not None:
+                            self._finish_chunk(pending, work)
+                        pending = started
+                    bar.advance(task, in_chunk)
+                    n_chunk += 1
+                if pending is not None:
+                    self._finish_chunk(pending, work)
         finally:
             if encoder is not None:
                 encoder.close()
             if self.pairs is not None:
                 self.pairs.close()
+        work.write_mixer(
+            {
+                "chunks": n_chunk,
+                "kind": self.mixer.kind,
+                "sources": {name: st.as_dict() for name, st in self.mixer.stats.items()},
+            }
+        )
+
+    def _assemble(self, work: WorkDir, out_dir: Path) -> dict[str, Any]:
+        """The dataset from the complete chunks, in order, with the counts summed."""
+        mixer = work.mixer()
+        assert mixer is not None  # every chunk is complete: a pass has ended
+        self.mixer.kind = mixer["kind"]
+        self.mixer.stats = {
+            name: SourceStats.from_dict(name, d) for name, d in mixer["sources"].items()
+        }
+        self._reset_counts()
+        files: dict[str, list[Path]] = defaultdict(list)
+        for c in range(mixer["chunks"]):
+            record = work.record(c)
+            for split, counts in record["counts"].items():
+                for key, value in counts.items():
+                    self.counts[split][key] += value
+                if counts.get("rows"):
+                    files[split].append(work.chunk_file(c, split))
+            for source, counts in record["source_tokens"].items():
+                for key, value in counts.items():
+                    self.source_tokens[source][key] += value
+            for source, dropped in record["dropped"].items():
+                self.mixer.stats[source].dropped.update(dropped)
+        if not files:
+            read = sum(s.read for s in self.mixer.stats.values())
+            raise InputError(
+                f"no rows left to write ({read} read; dropped: {self._dropped()})",
+                hint="check the filters, weights and transforms; see pt-data inspect",
+            )
+        with atomic_path(out_dir) as tmp:
+            for split in sorted(files):
+                assemble_split(files[split], tmp / split, self.cfg.shard_rows)
+            info = self._dataset_info(sorted(files))
+            atomic_write_json(tmp / "dataset.json", info)
+        return info
+
+    def _assembled_by_another(self, out_dir: Path) -> dict[str, Any]:
+        """The dataset a shard that ended first assembled from these chunks."""
+        try:
+            info = json.loads((out_dir / "dataset.json").read_text())
+        except (OSError, ValueError):
+            info = None
+        if info is None or info.get("config_hash") != data_hash(self.cfg):
+            raise InputError(
+                f"the build's chunks at {out_dir}.build were removed while this shard ran, "
+                f"and {out_dir} is not their dataset",
+                hint="run the build again (every shard, or once without --shard)",
+            )
         return info
 
     def _dropped(self) -> dict[str, int]:
@@ -261,40 +378,55 @@ class Builder:
                 total[k] += v
         return dict(total)
 
-    def _write_chunk(self, chunk, n_chunk, tmp: Path, writers, encoder) -> None:
+    def _start_chunk(self, chunk, n_chunk: int, encoder):
+        """Shuffle chunk ``n_chunk``, split it, and start tokenizing its conversations."""
         fmt = self.output_format()  # a config that does not fit these rows fails here, early
         if self.cfg.shuffle:
             random.Random(f"{self.cfg.seed}:chunk:{n_chunk}").shuffle(chunk)
         by_split: dict[str, list[MixedRow]] = defaultdict(list)
         for item in chunk:
             by_split[item.split].append(item)
+        started = {}
+        if self.tokenized and fmt != "preferences":
+            for split, items in by_split.items():
+                started[split] = encoder.submit(
+                    [i.row["messages"] for i in items],
+                    ids=[i.row.get("id") for i in items],
+                    tools=[i.row.get("tools") for i in items],
+                )
+        return n_chunk, fmt, by_split, started
+
+    def _finish_chunk(self, pending, work: WorkDir) -> None:
+        """Pack chunk's rows (tokenized by now) and write them, with its counts."""
+        n_chunk, fmt, by_split, started = pending
+        self._reset_counts()
+        tables = {}
         for split, items in sorted(by_split.items()):
             if self.tokenized and fmt == "preferences":
                 table = self._tokenize_pairs(items, split)
             elif self.tokenized:
-                table = self._tokenize(items, split, encoder)
+                table = self._tokenize(items, split, started[split]())
             else:
                 table = rows_table([i.row for i in items], f"{split} rows")
                 self.counts[split]["sequences"] += len(items)
                 for i in items:
                     self.source_tokens[i.source]["sequences"] += 1
             if table.num_rows:
-                if split not in writers:
-                    writers[split] = ShardWriter(tmp / split, self.cfg.shard_rows)
-                writers[split].write(table)
+                tables[split] = table
             self.counts[split]["rows"] += table.num_rows
+        record = {
+            "counts": {split: dict(c) for split, c in self.counts.items()},
+            "source_tokens": {source: dict(c) for source, c in self.source_tokens.items()},
+            "dropped": {source: dict(c) for source, c in self.token_dropped.items()},
+        }
+        work.write_chunk(n_chunk, tables, record)
 
-    def _tokenize(self, items: list[MixedRow], split: str, encoder):
+    def _tokenize(self, items: list[MixedRow], split: str, batch):
         import numpy as np
 
         tcfg = self.cfg.tokenizer
         assert tcfg is not None  # tokenized: data.tokenizer is set
         max_len = tcfg.max_seq_length
-        batch = encoder(
-            [i.row["messages"] for i in items],
-            ids=[i.row.get("id") for i in items],
-            tools=[i.row.get("tools") for i in items],
-        )
         lengths = batch.lengths
         trained = batch.trained_counts()
         if (trained == 0).any():
@@ -317,7 +449,7 @@ class Builder:
             keep &= ~too_long
             reason, dropped = "too_long", too_long
         for idx in np.flatnonzero(dropped):
-            self.mixer.stats[items[idx].source].dropped[reason] += 1
+            self.token_dropped[items[idx].source][reason] += 1
         self.counts[split]["truncated" if tcfg.truncate else "too_long"] += int(too_long.sum())
         if not keep.all():
             batch = batch.select(np.flatnonzero(keep))
@@ -359,7 +491,7 @@ class Builder:
         c = self.counts[split]
         for item, result in zip(items, results, strict=True):
             if result.row is None:
-                self.mixer.stats[item.source].dropped[result.reason] += 1
+                self.token_dropped[item.source][result.reason] += 1
                 continue
             row = result.row
             tokens = sum(
@@ -377,15 +509,15 @@ class Builder:
             rows.append(row)
         return rows_table(rows, f"{split} pairs", token_columns=TOKENIZED_PREFERENCE_COLUMNS)
 
-    def _dataset_info(self, writers) -> dict[str, Any]:
+    def _dataset_info(self, splits_written: list[str]) -> dict[str, Any]:
         cfg = self.cfg
         fmt = self.output_format()
-        splits = {s: self.counts[s]["rows"] for s in sorted(writers)}
+        splits = {s: self.counts[s]["rows"] for s in splits_written}
         info: dict[str, Any] = {
             "format": fmt,
             "tokenized": self.tokenized,
             "splits": splits,
-            "counts": {s: dict(self.counts[s]) for s in sorted(writers)},
+            "counts": {s: dict(self.counts[s]) for s in splits_written},
             "config_hash": data_hash(cfg),
             "created_by": f"pt-data {__version__}",
             "sources": {
@@ -440,12 +572,18 @@ class Builder:
 
 
 def build(
-    cfg: DataConfig, *, out_dir: str | Path | None = None, skip_bad: bool | None = None
-) -> dict[str, Any]:
+    cfg: DataConfig,
+    *,
+    out_dir: str | Path | None = None,
+    skip_bad: bool | None = None,
+    shard: tuple[int, int] = (0, 1),
+) -> dict[str, Any] | None:
     """Build the dataset described by ``cfg``; return the manifest fields.
 
     Returns ``{"path", "format", "rows", "splits", "tokens", "packing_efficiency",
-    "config_hash", ...}``; ``rows`` counts the train split.
+    "config_hash", ...}``; ``rows`` counts the train split. With ``shard`` ``(i, N)``,
+    builds that shard's chunks; returns None when other shards still have chunks to build
+    (the last shard to finish assembles the dataset and returns its fields).
     """
     target = out_dir or cfg.out_dir
     if not target:
@@ -455,7 +593,9 @@ def build(
         )
     out = Path(target)
     builder = Builder(cfg, skip_bad=skip_bad)
-    info = builder.run(out)
+    info = builder.run(out, shard)
+    if info is None:
+        return None
     read = sum(s["read"] for s in info["sources"].values())
     dropped = info["dropped"]
     log.info(

@@ -55,14 +55,25 @@ def build(
         None, "--out", "-o", help="output directory (overrides data.output_dir)"
     ),
     skip_bad: bool = flag("--skip-bad", "skip malformed jsonl lines and count them"),
+    shard: str | None = typer.Option(
+        None,
+        "--shard",
+        metavar="I/N",
+        help="build every N-th chunk from the I-th (0-based), one of N processes, nodes or "
+        "SLURM tasks; the last to finish assembles the dataset and prints its manifest",
+    ),
 ) -> None:
-    """Build a dataset directory (parquet shards + dataset.json) and print its manifest."""
+    """Build a dataset directory (parquet shards + dataset.json) and print its manifest.
+    Run again after an interruption, it resumes at its last complete chunk."""
     from pt_data.build import build as run_build
+    from pt_data.chunks import parse_shard
     from pt_data.config import load_data_config
 
+    which = parse_shard(shard)
     cfg = load_data_config(config, overrides_of(overrides))
-    fields = run_build(cfg, out_dir=out, skip_bad=skip_bad or None)
-    emit_manifest("dataset", fields.pop("path"), **fields)
+    fields = run_build(cfg, out_dir=out, skip_bad=skip_bad or None, shard=which)
+    if fields is not None:
+        emit_manifest("dataset", fields.pop("path"), **fields)
 
 
 @app.command()

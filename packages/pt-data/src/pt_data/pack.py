@@ -190,8 +190,8 @@ def pack_table(ids, labels, offsets, max_seq_length: int, *, packing: bool = Tru
 
     return pa.table(
         {
-            "input_ids": lists(ids[index].astype(np.int32)),
-            "labels": lists(labels[index].astype(np.int32)),
+            "input_ids": lists(ids[index].astype(np.int32, copy=False)),
+            "labels": lists(labels[index].astype(np.int32, copy=False)),
             "position_ids": lists(positions.astype(np.int32)),
             "seq_lens": pa.ListArray.from_arrays(
                 pa.array(members.astype(np.int32)), pa.array(seq_lens.astype(np.int32))

@@ -494,8 +494,9 @@ class EncodedBatch:
     """Many tokenized conversations held flat: ``ids``/``labels`` (int32) and ``offsets``
     (n+1), cheap to send between processes and to pack without Python lists."""
 
-    def __init__(self, ids, labels, offsets):
+    def __init__(self, ids, labels, offsets, trained=None):
         self.ids, self.labels, self.offsets = ids, labels, offsets
+        self.trained = trained  # tokens with a label per sequence, once counted
 
     @classmethod
     def from_lists(cls, pairs: Sequence[tuple[list, list]]) -> EncodedBatch:
@@ -522,7 +523,10 @@ class EncodedBatch:
             [batches[0].offsets[:1]]
             + [b.offsets[1:] + s for b, s in zip(batches, shifts, strict=True)]
         )
-        return cls(ids, labels, offsets)
+        trained = None
+        if all(b.trained is not None for b in batches):
+            trained = np.concatenate([b.trained for b in batches])
+        return cls(ids, labels, offsets, trained)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -532,12 +536,14 @@ class EncodedBatch:
         return self.offsets[1:] - self.offsets[:-1]
 
     def trained_counts(self):
-        """Tokens with a label, per sequence."""
+        """Tokens with a label, per sequence (counted once)."""
         import numpy as np
 
-        trained = (self.labels != IGNORE_INDEX).astype(np.int64)
-        sums = np.concatenate([[0], np.cumsum(trained)])
-        return sums[self.offsets[1:]] - sums[self.offsets[:-1]]
+        if self.trained is None:
+            sums = np.zeros(len(self.labels) + 1, dtype=np.int64)
+            np.cumsum(self.labels != IGNORE_INDEX, out=sums[1:])
+            self.trained = sums[self.offsets[1:]] - sums[self.offsets[:-1]]
+        return self.trained
 
     def select(self, keep, max_len: int | None = None) -> EncodedBatch:
         """The sequences at indices ``keep``, each cut to ``max_len`` tokens if given."""
@@ -550,7 +556,8 @@ class EncodedBatch:
         if max_len is not None:
             lengths = np.minimum(lengths, max_len)
         index, offsets = gather_segments(self.offsets, keep, lengths)
-        return EncodedBatch(self.ids[index], self.labels[index], offsets)
+        trained = self.trained[keep] if self.trained is not None and max_len is None else None
+        return EncodedBatch(self.ids[index], self.labels[index], offsets, trained)
 
 
 _worker: tuple | None = None  # (function, state) in a pool process
@@ -580,15 +587,31 @@ class ChunkPool:
 
     def map_chunks(self, items: Sequence) -> list:
         chunks = [items[i : i + self.chunk_size] for i in range(0, len(items), self.chunk_size)]
-        if self.pool is None and self.num_proc > 1 and len(chunks) > 1:
+        if self.num_proc > 1 and len(chunks) > 1:
+            self._start_pool()
+        if self.pool is None or len(chunks) <= 1:
+            return [self.fn(self.state, c) for c in chunks]
+        return self.pool.map(_run_chunk, chunks, chunksize=1)
+
+    def submit_chunks(self, items: Sequence):
+        """Like :meth:`map_chunks`, but returns at once (with processes) a function that
+        waits for the results: the caller works meanwhile. In one process, the work is
+        done here."""
+        chunks = [items[i : i + self.chunk_size] for i in range(0, len(items), self.chunk_size)]
+        if self.num_proc > 1 and len(chunks) > 1:
+            pending = self._start_pool().map_async(_run_chunk, chunks, chunksize=1)
+            return pending.get
+        results = [self.fn(self.state, c) for c in chunks]
+        return lambda: results
+
+    def _start_pool(self):
+        if self.pool is None:
             methods = mp.get_all_start_methods()
             ctx = mp.get_context("fork" if "fork" in methods else None)
             self.pool = ctx.Pool(
                 self.num_proc, initializer=_init_worker, initargs=(self.fn, self.state)
             )
-        if self.pool is None or len(chunks) <= 1:
-            return [self.fn(self.state, c) for c in chunks]
-        return self.pool.map(_run_chunk, chunks, chunksize=1)
+        return self.pool
 
     def raise_errors(self, results: list, ids: Sequence[Any] | None, what: str) -> None:
         """Errors travel back as data, ``(index in chunk, message, hint)`` (a pickled
@@ -620,7 +643,9 @@ def _encode_flat(ct: ConversationTokenizer, chunk: list[tuple[list[dict], Any]])
     """``chunk``: ``(messages, tools)`` per conversation."""
     conversations, tools = [m for m, _ in chunk], [t for _, t in chunk]
     try:
-        return ct.encode_flat(conversations, tools)
+        batch = ct.encode_flat(conversations, tools)
+        batch.trained_counts()  # counted here, in parallel
+        return batch
     except InputError:
         for i, (messages, row_tools) in enumerate(chunk):
             try:
@@ -649,11 +674,25 @@ class ParallelEncoder(ChunkPool):
         ids: Sequence[Any] | None = None,
         tools: Sequence[Any] | None = None,
     ):
+        return self.submit(conversations, ids, tools)()
+
+    def submit(
+        self,
+        conversations: Sequence[list[dict]],
+        ids: Sequence[Any] | None = None,
+        tools: Sequence[Any] | None = None,
+    ):
+        """Start tokenizing; returns a function that waits for the :class:`EncodedBatch`."""
         if tools is None:
             tools = [None] * len(conversations)
-        results = self.map_chunks(list(zip(conversations, tools, strict=True)))
-        self.raise_errors(results, ids, "conversation")
-        return EncodedBatch.concat(results)
+        wait = self.submit_chunks(list(zip(conversations, tools, strict=True)))
+
+        def result() -> EncodedBatch:
+            results = wait()
+            self.raise_errors(results, ids, "conversation")
+            return EncodedBatch.concat(results)
+
+        return result
 
 
 def default_num_proc() -> int:
