@@ -126,6 +126,10 @@ def stage_command(
     words = [_tool(bindir, tool), *sub]
     if stage in ("data", "train"):
         words.append(_WORD_REFS[CONFIG_WORD])
+        if stage == "data" and run.slurm.nodes > 1:
+            # a shard of the build on each node; the last to finish assembles the dataset
+            # and prints its manifest
+            words += ["--shard", '"$SLURM_PROCID/$SLURM_NTASKS"']
     else:
         words += [_word(w) for w in stage_flags(data[stage])]
     if has_input:
