@@ -162,7 +162,7 @@ def run_trl(rows: Path, n: int, tokenizer: Path, num_proc: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", default="250000,1000000,4000000")
     parser.add_argument("--workers-rows", type=int, default=100000)
     parser.add_argument("--trl-rows", type=int, default=100000)

@@ -189,7 +189,7 @@ RUN: list[tuple[str, str | None, str]] = [
 FRESH_START = {"pt-train run train.yaml --data out/data/sft-mix": "runs/sft"}
 
 SYNOPSIS = {
-    "pt-data build CONFIG [key=value ...] [--out DIR] [--skip-bad]",
+    "pt-data build CONFIG [key=value ...] [--out DIR] [--skip-bad] [--shard I/N]",
     "pt-data inspect CONFIG [key=value ...] [--stage STAGE] [-n N] [--dataset I] [--json]"
     " [--skip-bad]",
     "pt-data inspect DATASET|- [-n N] [--split S] [--tokenizer DIR] [--json] [--skip-bad]",
@@ -219,6 +219,11 @@ HARNESS_TESTS = "packages/pt-eval/tests/test_pt_eval_inputs.py::test_lm_evaluati
 WIRE_TESTS = "packages/pt-rollout/tests/test_pt_rollout_openai.py::"
 ELSEWHERE: dict[str, str | tuple[str, str]] = {
     "uv run pytest": (".ci/run", "\nuv run pytest\n"),
+    # two shards of one build, as two processes: the data.yaml of that test's project
+    "pt-data build data.yaml --shard 0/2 &": "packages/pt-data/tests/test_pt_data_shards.py::"
+    "test_two_shards_in_two_processes_build_the_same_bytes",
+    "pt-data build data.yaml --shard 1/2": "packages/pt-data/tests/test_pt_data_shards.py::"
+    "test_two_shards_in_two_processes_build_the_same_bytes",
     "bash .ci/setup-slurm.sh": (".ci/run", "for setup in .ci/setup-*.sh; do"),
     "pt-train check ../examples/quickstart/sft.yaml": COMING_FROM,
     "pt-data inspect data/sft -n 1": COMING_FROM,

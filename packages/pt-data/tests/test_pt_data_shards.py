@@ -204,3 +204,19 @@ def test_the_dedup_keys_agree_with_a_set_across_merges():
         assert seen.add(key) == (key not in reference)
         reference.add(key)
     assert len(seen) == len(reference) and seen.old.size > 0
+
+
+def test_stats_of_a_built_dataset_count_what_a_loop_over_its_rows_counts(project, whole):
+    """The columnar count (Arrow, a batch at a time) of sequence lengths and trained
+    tokens equals one worked out row by row and token by token, over several files."""
+    from pt_core.files import read_rows, split_path
+    from pt_data.stats import lengths_from_dataset
+
+    root = project / "whole"
+    rows = read_rows(split_path(root, "train"))
+    assert len(list((root / "train").glob("*.parquet"))) > 1
+    lengths = [n for r in rows for n in r["seq_lens"]]
+    trained = [sum(1 for x in r["labels"] if x != -100) for r in rows]
+    got = lengths_from_dataset(root, "train")["train"]
+    assert got == {"lengths": lengths, "trained": trained, "rows": [len(rows)]}
+    assert sum(trained) == json.loads(whole["dataset.json"])["counts"]["train"]["trained_tokens"]

@@ -180,6 +180,7 @@ class Builder:
             )
         self._reset_counts()
         self.pairs = None  # ParallelPairs, once the rows turn out to be preferences
+        self.chunks_built = 0
 
     def _reset_counts(self) -> None:
         """The counts of one chunk (kept in its marker), or of the whole dataset."""
@@ -246,10 +247,11 @@ class Builder:
                     if missing is None:  # another shard assembled it and removed the chunks
                         return self._assembled_by_another(out_dir)
                     if missing:
+                        total = (work.mixer() or {}).get("chunks", len(missing))
                         log.info(
                             "shard %d/%d done; %d of %d chunks still to build by the other "
                             "shards (the last to finish assembles %s)",
-                            *shard, len(missing), work.mixer()["chunks"], out_dir,
+                            *shard, len(missing), total, out_dir,
                         )  # fmt: skip
                         return None
                     info = self._assemble(work, out_dir)
@@ -272,6 +274,11 @@ class Builder:
             # each process tokenizes on one core: num_proc is the number of cores used
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
             encoder = ParallelEncoder(self.ct, cfg.num_proc)
+        log.info(
+            "memory is set by data.chunk_rows=%d (one chunk tokenized while the one before is "
+            "packed and written), not by the number of rows; a lower chunk_rows uses less",
+            cfg.chunk_rows,
+        )
         try:
             with progress() as bar:
                 what = "building" if count == 1 else f"building shard {index}/{count}"
@@ -399,6 +406,8 @@ class Builder:
     def _finish_chunk(self, pending, work: WorkDir) -> None:
         """Pack chunk's rows (tokenized by now) and write them, with its counts."""
         n_chunk, fmt, by_split, started = pending
+        first = not self.chunks_built
+        self.chunks_built += 1
         self._reset_counts()
         tables = {}
         for split, items in sorted(by_split.items()):
@@ -420,6 +429,11 @@ class Builder:
             "dropped": {source: dict(c) for source, c in self.token_dropped.items()},
         }
         work.write_chunk(n_chunk, tables, record)
+        if first:
+            import resource
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB
+            log.info("chunk %d built; this process's peak memory so far: %.1f GB", n_chunk, peak)
 
     def _tokenize(self, items: list[MixedRow], split: str, batch):
         import numpy as np

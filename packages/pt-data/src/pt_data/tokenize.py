@@ -523,9 +523,8 @@ class EncodedBatch:
             [batches[0].offsets[:1]]
             + [b.offsets[1:] + s for b, s in zip(batches, shifts, strict=True)]
         )
-        trained = None
-        if all(b.trained is not None for b in batches):
-            trained = np.concatenate([b.trained for b in batches])
+        counted = [b.trained for b in batches if b.trained is not None]
+        trained = np.concatenate(counted) if len(counted) == len(batches) else None
         return cls(ids, labels, offsets, trained)
 
     def __len__(self) -> int:
