@@ -39,7 +39,7 @@ from pt_data import __version__
 from pt_data.chunks import WorkDir, assemble_split, sources_fingerprint
 from pt_data.config import DataConfig
 from pt_data.mix import MixedRow, Mixer, SourceStats
-from pt_data.pack import pack_table
+from pt_data.pack import pack_tables
 
 log = get_logger(__name__)
 
@@ -274,6 +274,7 @@ class Builder:
             # each process tokenizes on one core: num_proc is the number of cores used
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
             encoder = ParallelEncoder(self.ct, cfg.num_proc)
+            encoder.start()  # forked now, before rows fill this process's memory
         log.info(
             "memory is set by data.chunk_rows=%d (one chunk tokenized while the one before is "
             "packed and written), not by the number of rows; a lower chunk_rows uses less",
@@ -401,6 +402,10 @@ class Builder:
                     ids=[i.row.get("id") for i in items],
                     tools=[i.row.get("tools") for i in items],
                 )
+                # what packing needs of a row is its source and id: the text can go
+                by_split[split] = [
+                    MixedRow(i.split, i.source, {"id": i.row.get("id")}) for i in items
+                ]
         return n_chunk, fmt, by_split, started
 
     def _finish_chunk(self, pending, work: WorkDir) -> None:
@@ -409,26 +414,27 @@ class Builder:
         first = not self.chunks_built
         self.chunks_built += 1
         self._reset_counts()
-        tables = {}
+        writer = work.chunk_writer(n_chunk)
         for split, items in sorted(by_split.items()):
             if self.tokenized and fmt == "preferences":
-                table = self._tokenize_pairs(items, split)
+                tables = [self._tokenize_pairs(items, split)]
             elif self.tokenized:
-                table = self._tokenize(items, split, started[split]())
+                tables = self._tokenize(items, split, started[split]())
             else:
-                table = rows_table([i.row for i in items], f"{split} rows")
+                tables = [rows_table([i.row for i in items], f"{split} rows")]
                 self.counts[split]["sequences"] += len(items)
                 for i in items:
                     self.source_tokens[i.source]["sequences"] += 1
-            if table.num_rows:
-                tables[split] = table
-            self.counts[split]["rows"] += table.num_rows
+            for table in tables:
+                if table.num_rows:
+                    writer.write(split, table)
+                self.counts[split]["rows"] += table.num_rows
         record = {
             "counts": {split: dict(c) for split, c in self.counts.items()},
             "source_tokens": {source: dict(c) for source, c in self.source_tokens.items()},
             "dropped": {source: dict(c) for source, c in self.token_dropped.items()},
         }
-        work.write_chunk(n_chunk, tables, record)
+        work.finish_chunk(n_chunk, writer, record)
         if first:
             import resource
 
@@ -480,10 +486,8 @@ class Builder:
         c["tokens"] += int(lengths.sum())
         c["trained_tokens"] += int(trained.sum())
         if not len(items):
-            import pyarrow as pa
-
-            return pa.table({})
-        return pack_table(batch.ids, batch.labels, batch.offsets, max_len, packing=tcfg.packing)
+            return []
+        return pack_tables(batch.ids, batch.labels, batch.offsets, max_len, packing=tcfg.packing)
 
     def _tokenize_pairs(self, items: list[MixedRow], split: str):
         from pt_core.contracts import IGNORE_INDEX, TOKENIZED_PREFERENCE_COLUMNS

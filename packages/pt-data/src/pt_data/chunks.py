@@ -113,18 +113,19 @@ class WorkDir:
     def is_done(self, chunk: int) -> bool:
         return self.marker(chunk).is_file()
 
-    def write_chunk(self, chunk: int, tables: dict[str, Any], record: dict[str, Any]) -> None:
-        """Chunk ``chunk``'s tables (by split) and then its marker: complete, or not there."""
-        import pyarrow.parquet as pq
-
-        final = self.path / "chunks" / f"{chunk:05d}"
+    def chunk_writer(self, chunk: int) -> ChunkWriter:
+        """Where chunk ``chunk``'s tables go, split by split, before :meth:`finish_chunk`."""
         tmp = self.path / "chunks" / f".{chunk:05d}.{os.getpid()}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        for split, table in tables.items():
-            pq.write_table(table, tmp / f"{split}.parquet")
+        return ChunkWriter(tmp)
+
+    def finish_chunk(self, chunk: int, writer: ChunkWriter, record: dict[str, Any]) -> None:
+        """Chunk ``chunk``'s files into place, then its marker: complete, or not there."""
+        writer.close()
+        final = self.path / "chunks" / f"{chunk:05d}"
         shutil.rmtree(final, ignore_errors=True)  # a copy a killed build left without marker
-        os.replace(tmp, final)
+        os.replace(writer.directory, final)
         atomic_write_json(self.marker(chunk), record)
 
     def record(self, chunk: int) -> dict[str, Any]:
@@ -162,6 +163,28 @@ class WorkDir:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+class ChunkWriter:
+    """A chunk's parquet file per split, written a table at a time (each a row group)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.writers: dict[str, Any] = {}
+
+    def write(self, split: str, table) -> None:
+        import pyarrow.parquet as pq
+
+        if split not in self.writers:
+            self.writers[split] = pq.ParquetWriter(
+                self.directory / f"{split}.parquet", table.schema
+            )
+        self.writers[split].write_table(table)
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        self.writers = {}
 
 
 def assemble_split(files: list[Path], directory: Path, shard_rows: int) -> int:

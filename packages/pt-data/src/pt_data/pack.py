@@ -169,20 +169,43 @@ def pack_table(ids, labels, offsets, max_seq_length: int, *, packing: bool = Tru
     """Tokenized sequences held flat (``ids``/``labels`` int32, ``offsets`` n+1) -> a pyarrow
     table of rows (``input_ids``, ``labels``, ``position_ids``, ``seq_lens``), packed by
     best-fit-decreasing or one sequence per row. Same rows as :func:`pack_examples`."""
-    import numpy as np
     import pyarrow as pa
+
+    return pa.concat_tables(pack_tables(ids, labels, offsets, max_seq_length, packing=packing))
+
+
+# packed rows gathered at a time: the copies and index arrays are of this many rows, not
+# of the chunk
+PACK_SLICE_ROWS = 8192
+
+
+def pack_tables(ids, labels, offsets, max_seq_length: int, *, packing: bool = True):
+    """:func:`pack_table`'s rows as tables of at most ``PACK_SLICE_ROWS`` rows each, made
+    one at a time (the bins are found over all the sequences first)."""
+    import numpy as np
 
     lengths = offsets[1:] - offsets[:-1]
     if packing:
         bins = best_fit_decreasing(lengths.tolist(), max_seq_length)
     else:
         bins = [[i] for i in range(len(lengths))]
-    order = np.fromiter((i for b in bins for i in b), dtype=np.int64, count=len(lengths))
+    for at in range(0, max(len(bins), 1), PACK_SLICE_ROWS):
+        part = bins[at : at + PACK_SLICE_ROWS]
+        count = sum(len(b) for b in part)
+        order = np.fromiter((i for b in part for i in b), dtype=np.int64, count=count)
+        yield _gather_rows(ids, labels, offsets, lengths, order, [len(b) for b in part])
+
+
+def _gather_rows(ids, labels, offsets, lengths, order, members_per_row):
+    """One table of packed rows: the sequences ``order``, ``members_per_row`` to a row."""
+    import numpy as np
+    import pyarrow as pa
+
     index, seq_offsets = gather_segments(offsets, order)
     seq_lens = lengths[order]
     positions = np.arange(len(index), dtype=np.int64) - np.repeat(seq_offsets[:-1], seq_lens)
-    members = np.zeros(len(bins) + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in bins], out=members[1:])
+    members = np.zeros(len(members_per_row) + 1, dtype=np.int64)
+    np.cumsum(members_per_row, out=members[1:])
     row_offsets = seq_offsets[members].astype(np.int32)
 
     def lists(values):

@@ -511,20 +511,31 @@ class EncodedBatch:
         return cls(ids, labels, offsets)
 
     @classmethod
-    def concat(cls, batches: Sequence[EncodedBatch]) -> EncodedBatch:
+    def concat(cls, batches: list) -> EncodedBatch:
+        """The batches end to end. Each entry of ``batches`` is set to None once copied,
+        so that the batches and their concatenation are not all in memory at once."""
         import numpy as np
 
         if not batches:
             return cls(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64))
-        ids = np.concatenate([b.ids for b in batches])
-        labels = np.concatenate([b.labels for b in batches])
-        shifts = np.cumsum([0] + [int(b.offsets[-1]) for b in batches[:-1]])
-        offsets = np.concatenate(
-            [batches[0].offsets[:1]]
-            + [b.offsets[1:] + s for b, s in zip(batches, shifts, strict=True)]
-        )
-        counted = [b.trained for b in batches if b.trained is not None]
-        trained = np.concatenate(counted) if len(counted) == len(batches) else None
+        sizes = [int(b.offsets[-1]) for b in batches]
+        counts = [len(b) for b in batches]
+        total, n = sum(sizes), sum(counts)
+        ids = np.empty(total, dtype=np.int32)
+        labels = np.empty(total, dtype=np.int32)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        counted = all(b.trained is not None for b in batches)
+        trained = np.empty(n, dtype=np.int64) if counted else None
+        at = row = 0
+        for k, (size, count) in enumerate(zip(sizes, counts, strict=True)):
+            b = batches[k]
+            ids[at : at + size] = b.ids
+            labels[at : at + size] = b.labels
+            offsets[row + 1 : row + count + 1] = b.offsets[1:] + at
+            if trained is not None:
+                trained[row : row + count] = b.trained
+            at, row = at + size, row + count
+            batches[k] = None
         return cls(ids, labels, offsets, trained)
 
     def __len__(self) -> int:
@@ -602,6 +613,12 @@ class ChunkPool:
             return pending.get
         results = [self.fn(self.state, c) for c in chunks]
         return lambda: results
+
+    def start(self) -> None:
+        """Fork the processes now (with ``num_proc`` > 1), while this process is small:
+        each keeps a copy of what it was forked with."""
+        if self.num_proc > 1:
+            self._start_pool()
 
     def _start_pool(self):
         if self.pool is None:
@@ -689,7 +706,7 @@ class ParallelEncoder(ChunkPool):
         def result() -> EncodedBatch:
             results = wait()
             self.raise_errors(results, ids, "conversation")
-            return EncodedBatch.concat(results)
+            return EncodedBatch.concat(results)  # (frees each result once copied)
 
         return result
 
