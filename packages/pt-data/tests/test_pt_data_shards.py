@@ -220,3 +220,38 @@ def test_stats_of_a_built_dataset_count_what_a_loop_over_its_rows_counts(project
     got = lengths_from_dataset(root, "train")["train"]
     assert got == {"lengths": lengths, "trained": trained, "rows": [len(rows)]}
     assert sum(trained) == json.loads(whole["dataset.json"])["counts"]["train"]["trained_tokens"]
+
+
+def test_a_shard_still_reading_when_another_assembles_takes_its_dataset(
+    project, whole, monkeypatch
+):
+    """Shard 1/2 has built its last chunk and reads on through the rows of the next when
+    shard 0/2 assembles the dataset and removes the chunks: it builds nothing again, and
+    ends with the dataset the other assembled."""
+    import shutil
+
+    from pt_data.build import Builder
+    from pt_data.config import load_data_config
+
+    monkeypatch.syspath_prepend(str(project))
+    cfg = load_data_config(project / "data.yaml")
+    out = project / "raced"
+    build(project, "raced", "--shard", "1/2")  # the odd chunks, then it stops
+    n = chunks_of(whole)
+    builder = Builder(cfg)
+    rows = builder.mixer.rows
+
+    def rows_and_the_other_shard_assembles():
+        for k, item in enumerate(rows()):
+            if k == (n - 1) * CHUNK + 1:  # into the last chunk, which shard 0/2 owns
+                shutil.copytree(project / "whole", out)  # what shard 0/2 assembled
+                shutil.rmtree(project / "raced.build")
+            yield item
+
+    assert n % 2 == 1  # the last chunk is shard 0/2's
+    monkeypatch.setattr(builder.mixer, "rows", rows_and_the_other_shard_assembles)
+    info = builder.run(out, (1, 2))
+    assert (
+        info is not None and info["config_hash"] == json.loads(whole["dataset.json"])["config_hash"]
+    )
+    assert files(out) == whole and not (project / "raced.build").exists()

@@ -255,7 +255,7 @@ class Builder:
                         )  # fmt: skip
                         return None
                     info = self._assemble(work, out_dir)
-                work.remove()
+                    work.remove()  # under the lock: a shard waiting for it finds it done
         except (InputError, ConfigError, DiskFull):
             # bad input: no chunk of it is worth resuming from; a full disk: the chunks
             # are what filled it. (Interrupted or killed, the complete chunks stay.)
@@ -288,7 +288,9 @@ class Builder:
                 n_chunk, in_chunk = 0, 0
 
                 def mine(n: int) -> bool:
-                    return n % count == index and not work.is_done(n)
+                    # (the work directory gone: a shard that ended last assembled the
+                    # dataset while this one read on past its own last chunk)
+                    return n % count == index and not work.is_done(n) and work.exists()
 
                 # a chunk is tokenized by the processes while this one packs and writes
                 # the chunk before and reads the rows of the next
@@ -322,13 +324,14 @@ class Builder:
                 encoder.close()
             if self.pairs is not None:
                 self.pairs.close()
-        work.write_mixer(
-            {
-                "chunks": n_chunk,
-                "kind": self.mixer.kind,
-                "sources": {name: st.as_dict() for name, st in self.mixer.stats.items()},
-            }
-        )
+        if work.exists():
+            work.write_mixer(
+                {
+                    "chunks": n_chunk,
+                    "kind": self.mixer.kind,
+                    "sources": {name: st.as_dict() for name, st in self.mixer.stats.items()},
+                }
+            )
 
     def _assemble(self, work: WorkDir, out_dir: Path) -> dict[str, Any]:
         """The dataset from the complete chunks, in order, with the counts summed."""

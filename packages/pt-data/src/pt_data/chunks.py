@@ -107,6 +107,9 @@ class WorkDir:
             atomic_write_json(plan_file, self.plan)
         return len(list((self.path / "chunks").glob("*.json")))
 
+    def exists(self) -> bool:
+        return (self.path / "plan.json").is_file()
+
     def marker(self, chunk: int) -> Path:
         return self.path / "chunks" / f"{chunk:05d}.json"
 
@@ -135,7 +138,9 @@ class WorkDir:
         return self.path / "chunks" / f"{chunk:05d}" / f"{split}.parquet"
 
     def write_mixer(self, info: dict[str, Any]) -> None:
-        atomic_write_json(self.path / "mixer.json", info)
+        # (the directory gone: removed by the shard that assembled the dataset)
+        with contextlib.suppress(FileNotFoundError):
+            atomic_write_json(self.path / "mixer.json", info)
 
     def mixer(self) -> dict[str, Any] | None:
         try:
@@ -153,8 +158,15 @@ class WorkDir:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """One process at a time assembles (the last shards may end together)."""
-        with open(self.path / "lock", "a") as fh:
+        """One process at a time assembles (the last shards may end together); the one
+        that assembles removes the directory before it lets go. Gone already: another
+        shard assembled the dataset, and there is nothing to hold."""
+        try:
+            fh = open(self.path / "lock", "a")  # noqa: SIM115  (closed below)
+        except FileNotFoundError:
+            yield
+            return
+        with fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 yield
