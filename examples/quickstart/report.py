@@ -30,6 +30,59 @@ MODELS = (
 
 WARM_START_STEP = 120  # DFT and ASFT start from this step of the SFT run
 
+# Each row's accuracy (%) as the quickstart gave it on the CPUs it was measured on (the
+# README's figures, four CPUs and kernels), widened by two standard errors: a row
+# inside is as expected; outside, what that may mean.
+EXPECTED = {
+    "untrained": (0.0, 0.5, "random weights state no answer: the grader may credit a "
+                  "cut-off response's digits, or the model was not initialised at random"),
+    "base": (0.0, 10.0, "the warm start (SFT step 120) is an early, unstable point: far "
+             "off, check that SFT ran with the quickstart's sft.yaml"),
+    "sft": (60.0, 80.0, "SFT is the most stable row: far off, the install differs from the "
+            "lock (uv sync --locked) or the data/config were changed"),
+    "dft": (15.0, 55.0, "DFT from this warm start sits near a cliff; far off, check the "
+            "install as for SFT"),
+    "asft": (20.0, 65.0, "ASFT follows DFT (with a KL anchor); see DFT"),
+    "dpo": (55.0, 80.0, "DPO starts from the SFT row: read it against SFT's"),
+    "opd": (30.0, 52.0, "OPD distils SFT into the warm start: read it against both"),
+    "grpo": (68.0, 85.0, "GRPO starts from the SFT row: read it against SFT's"),
+}  # fmt: skip
+
+
+def standard_error(grades: Path) -> float | None:
+    """The standard error of the accuracy (in points), over problems: the samples of one
+    problem are not independent, so each problem's mean counts once."""
+    import statistics
+
+    if not grades.exists():
+        return None
+    by_problem: dict[str, list[float]] = {}
+    for line in grades.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            by_problem.setdefault(str(row["id"]), []).append(float(bool(row["correct"])))
+    means = [sum(v) / len(v) for v in by_problem.values()]
+    if len(means) < 2:
+        return None
+    return 100 * statistics.stdev(means) / len(means) ** 0.5
+
+
+def self_check(summaries: dict[str, dict]) -> list[str]:
+    """One line per row: its accuracy against the range the README gives."""
+    lines = []
+    for name, label, _ in MODELS:
+        if name not in summaries:
+            continue
+        accuracy = 100 * summaries[name]["accuracy"]
+        low, high, meaning = EXPECTED[name]
+        where = f"{accuracy:.1f}% (expected {low:g}-{high:g}%)"
+        if low <= accuracy <= high:
+            lines.append(f"  ok     {label}: {where}")
+        else:
+            side = "below" if accuracy < low else "above"
+            lines.append(f"  CHECK  {label}: {where}, {side} the range: {meaning}")
+    return lines
+
 
 def load_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
@@ -117,6 +170,7 @@ def main() -> None:
         {k for s in summaries.values() for k in s.get("pass@k", {})}, key=lambda k: int(k)
     )
     table.add_column("accuracy", justify="right")
+    table.add_column("± s.e.", justify="right")
     for k in pass_keys:
         table.add_column(f"pass@{k}", justify="right")
     table.add_column("maj@n", justify="right")
@@ -125,9 +179,11 @@ def main() -> None:
         s = summaries.get(name)
         if s is None:
             continue
+        se = standard_error(args.out / "grades" / f"{name}.jsonl")
         table.add_row(
             label,
             f"{100 * s['accuracy']:.1f}%",
+            "" if se is None else f"{se:.1f}",
             *[f"{100 * s['pass@k'][k]:.1f}%" for k in pass_keys],
             f"{100 * s.get('maj@n', 0.0):.1f}%",
             str(s.get("no_answer", "")),
@@ -145,6 +201,9 @@ def main() -> None:
             f"{100 * evaluated[-1]['eval/rewards/accuracies']:.1f}%"
         )
     console.print(f"training curves: {plot_curves(args.out)}")
+    console.print("self-check, each row against the range the README gives:")
+    for line in self_check(summaries):
+        console.print(line, markup=False)
     if args.seconds is not None:
         console.print(f"total time: {args.seconds // 60} min {args.seconds % 60} s")
 
