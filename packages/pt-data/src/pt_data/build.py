@@ -27,6 +27,7 @@ import json
 import os
 import random
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -284,8 +285,6 @@ class Builder:
             with progress() as bar:
                 what = "building" if count == 1 else f"building shard {index}/{count}"
                 task = bar.add_task(what, total=None)
-                chunk: list[MixedRow] = []
-                n_chunk, in_chunk = 0, 0
 
                 def mine(n: int) -> bool:
                     # (the work directory gone: a shard that ended last assembled the
@@ -294,29 +293,15 @@ class Builder:
 
                 # a chunk is tokenized by the processes while this one packs and writes
                 # the chunk before and reads the rows of the next
-                pending = None
-                keep = mine(0)
-                for item in self.mixer.rows():
-                    in_chunk += 1
-                    if keep:
-                        chunk.append(item)
-                    if in_chunk >= cfg.chunk_rows:
-                        if keep:
-                            started = self._start_chunk(chunk, n_chunk, encoder)
-                            if pending is not None:
-                                self._finish_chunk(pending, work)
-                            pending = started
-                        bar.advance(task, in_chunk)
-                        chunk, n_chunk, in_chunk = [], n_chunk + 1, 0
-                        keep = mine(n_chunk)
-                if in_chunk:
-                    if keep:
-                        started = self._start_chunk(chunk, n_chunk, encoder)
+                pending, n_chunk = None, 0
+                for n, rows, read in self._chunks(mine):
+                    if rows is not None:
+                        started = self._start_chunk(rows, n, encoder)
                         if pending is not None:
                             self._finish_chunk(pending, work)
                         pending = started
-                    bar.advance(task, in_chunk)
-                    n_chunk += 1
+                    bar.advance(task, read)
+                    n_chunk = n + 1
                 if pending is not None:
                     self._finish_chunk(pending, work)
         finally:
@@ -388,6 +373,23 @@ class Builder:
             for k, v in s.dropped.items():
                 total[k] += v
         return dict(total)
+
+    def _chunks(self, keep) -> Iterator[tuple[int, list[MixedRow] | None, int]]:
+        """``(index, rows, rows read)`` of each chunk of the mixed rows; ``rows`` is None
+        for a chunk ``keep(index)`` (asked when the chunk starts) does not want."""
+        chunk: list[MixedRow] = []
+        n, read = 0, 0
+        wanted = keep(0)
+        for item in self.mixer.rows():
+            read += 1
+            if wanted:
+                chunk.append(item)
+            if read >= self.cfg.chunk_rows:
+                yield n, chunk if wanted else None, read
+                chunk, n, read = [], n + 1, 0
+                wanted = keep(n)
+        if read:
+            yield n, chunk if wanted else None, read
 
     def _start_chunk(self, chunk, n_chunk: int, encoder):
         """Shuffle chunk ``n_chunk``, split it, and start tokenizing its conversations."""
