@@ -142,23 +142,31 @@ def test_shards_run_one_after_the_other_and_the_last_assembles(project, whole):
     assert files(project / "seq") == whole
 
 
-def test_a_build_killed_mid_way_resumes_at_its_last_complete_chunk(project, whole):
-    """SIGKILL to the build and its processes after its third chunk; the same command
-    again keeps the complete chunks, builds the rest and ends with the same bytes."""
-    proc = build(project, "killed", wait=False)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill-9", "ctrl-c"])
+def test_a_build_stopped_mid_way_resumes_at_its_last_complete_chunk(project, whole, sig):
+    """SIGKILL, or Ctrl-C (SIGINT to the process group, tokenizer processes included), to
+    a build of two workers after its third chunk; Ctrl-C ends it at once with exit 130
+    and says what was kept. The same command again keeps the complete chunks, builds the
+    rest and ends with the same bytes."""
+    proc = build(project, "killed", "data.num_proc=2", wait=False)
     chunks = project / "killed.build" / "chunks"
     deadline = time.monotonic() + 120
     while len(list(chunks.glob("*.json"))) < 3 and time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    kept = len(list(chunks.glob("*.json")))
+    os.killpg(proc.pid, sig)
+    _, stderr = proc.communicate(timeout=60)  # (a worker that held the task queue's lock
+    kept = len(list(chunks.glob("*.json")))  # when interrupted would hang it here)
     assert 3 <= kept < chunks_of(whole) and not (project / "killed").exists()
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130
+        assert f"interrupted: the complete chunks ({kept}) are kept" in " ".join(stderr.split())
 
-    _, stderr = build(project, "killed")
+    _, stderr = build(project, "killed", "data.num_proc=2")
     assert f"{kept} chunks already complete" in " ".join(stderr.split())
-    assert files(project / "killed") == whole
+    two = files(project / "killed")
+    assert json.loads(two.pop("dataset.json"))["config"]["num_proc"] == 2
+    assert two == {k: v for k, v in whole.items() if k != "dataset.json"}
     assert not (project / "killed.build").exists()
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from pt_core.chat import end_of_turn_ids, tokenizer_fingerprint
 from pt_core.config import config_hash
-from pt_core.errors import ConfigError, DiskFull, InputError, disk_full_as_error
+from pt_core.errors import ConfigError, DiskFull, InputError, Interrupted, disk_full_as_error
 from pt_core.files import atomic_path, atomic_write_json
 from pt_core.log import get_logger, progress
 from pt_data import __version__
@@ -262,6 +262,12 @@ class Builder:
             # are what filled it. (Interrupted or killed, the complete chunks stay.)
             work.remove()
             raise
+        except KeyboardInterrupt:
+            kept = len(list((work.path / "chunks").glob("*.json")))
+            raise Interrupted(
+                f"interrupted: the complete chunks ({kept}) are kept in {work.path}",
+                hint="run the same command again: it resumes from them",
+            ) from None
         return info
 
     def _build_chunks(self, work: WorkDir, shard: tuple[int, int]) -> None:
@@ -304,11 +310,15 @@ class Builder:
                     n_chunk = n + 1
                 if pending is not None:
                     self._finish_chunk(pending, work)
+        except BaseException:  # Ctrl-C included: the processes are stopped, not awaited
+            for pool in (encoder, self.pairs):
+                if pool is not None:
+                    pool.abort()
+            raise
         finally:
-            if encoder is not None:
-                encoder.close()
-            if self.pairs is not None:
-                self.pairs.close()
+            for pool in (encoder, self.pairs):
+                if pool is not None:
+                    pool.close()
         if work.exists():
             work.write_mixer(
                 {

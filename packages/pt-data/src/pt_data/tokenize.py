@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import signal
 from collections.abc import Sequence
 from itertools import chain
 from typing import Any, Literal
@@ -576,6 +577,9 @@ _worker: tuple | None = None  # (function, state) in a pool process
 def _init_worker(fn, state) -> None:
     global _worker
     _worker = (fn, state)
+    # Ctrl-C reaches the whole process group: the parent alone handles it (and stops the
+    # processes); a process interrupted inside the task queue's lock would hold it forever
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run_chunk(chunk: Sequence):
@@ -645,13 +649,20 @@ class ChunkPool:
             self.pool.join()
             self.pool = None
 
+    def abort(self) -> None:
+        """Stop the processes at once (an error or Ctrl-C: their work is not wanted, and
+        waiting for them to finish it could wait forever)."""
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.pool is not None and exc[0] is not None:
-            self.pool.terminate()
-            self.pool = None
+        if exc[0] is not None:
+            self.abort()
         self.close()
 
 
