@@ -71,7 +71,13 @@ def project(tmp_path, tiny_tokenizer_dir):
     return tmp_path
 
 
-def build(project: Path, out: str, *args: str, wait: bool = True):
+def default_sigint() -> None:
+    """SIGINT as a shell's Ctrl-C finds a program: not ignored (a test runner's process
+    may ignore it, and what it starts would inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def build(project: Path, out: str, *args: str, wait: bool = True, ctrl_c: bool = False):
     env = {**os.environ, "PYTHONPATH": str(project), "COLUMNS": "80"}
     argv = [str(BIN / "pt-data"), "build", "data.yaml", "--out", out, *args]
     proc = subprocess.Popen(
@@ -82,6 +88,7 @@ def build(project: Path, out: str, *args: str, wait: bool = True):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its tokenizer processes are killed with it
+        preexec_fn=default_sigint if ctrl_c else None,  # (a plain process, not a fork)
     )
     if not wait:
         return proc
@@ -148,7 +155,7 @@ def test_a_build_stopped_mid_way_resumes_at_its_last_complete_chunk(project, who
     a build of two workers after its third chunk; Ctrl-C ends it at once with exit 130
     and says what was kept. The same command again keeps the complete chunks, builds the
     rest and ends with the same bytes."""
-    proc = build(project, "killed", "data.num_proc=2", wait=False)
+    proc = build(project, "killed", "data.num_proc=2", wait=False, ctrl_c=sig == signal.SIGINT)
     chunks = project / "killed.build" / "chunks"
     deadline = time.monotonic() + 120
     while len(list(chunks.glob("*.json"))) < 3 and time.monotonic() < deadline:

@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pt_slurm.state import read_state
-
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 BIN = Path(sys.executable).parent
