@@ -600,17 +600,12 @@ class ChunkPool:
         self.pool = None
 
     def map_chunks(self, items: Sequence) -> list:
-        chunks = [items[i : i + self.chunk_size] for i in range(0, len(items), self.chunk_size)]
-        if self.num_proc > 1 and len(chunks) > 1:
-            self._start_pool()
-        if self.pool is None or len(chunks) <= 1:
-            return [self.fn(self.state, c) for c in chunks]
-        return self.pool.map(_run_chunk, chunks, chunksize=1)
+        return self.submit_chunks(items)()
 
     def submit_chunks(self, items: Sequence):
-        """Like :meth:`map_chunks`, but returns at once (with processes) a function that
-        waits for the results: the caller works meanwhile. In one process, the work is
-        done here."""
+        """Start ``fn`` over the chunks of ``items``; returns at once (with processes) a
+        function that waits for the results, one per chunk in order: the caller works
+        meanwhile. In one process (or for one chunk), the work is done here."""
         chunks = [items[i : i + self.chunk_size] for i in range(0, len(items), self.chunk_size)]
         if self.num_proc > 1 and len(chunks) > 1:
             pending = self._start_pool().map_async(_run_chunk, chunks, chunksize=1)
