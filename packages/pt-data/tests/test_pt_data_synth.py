@@ -12,9 +12,13 @@ import pytest
 from pt_core.errors import InputError
 from pt_core.files import read_rows, split_path
 from pt_data.synth import (
+    arithmetic_problems,
+    arithmetic_space,
     calculator_row,
+    column_solution,
     multiplication_row,
     multiply_schema,
+    nth_problem,
     synth_rows,
     write_synth,
 )
@@ -120,10 +124,19 @@ def test_every_problem_of_a_small_space_can_be_drawn():
         ("multiplication", 40, {"n_test": 10, "digits": 1},
          "asked for 40 train + 10 test problems; there are 45 distinct 1-digit multiplication"),
         ("calculator", 5, {"digits": 0}, "--digits 0: a factor has at least one digit"),
-        ("arithmetic", 5, {"digits": 3}, "--digits is read by multiplication and calculator"),
+        ("arithmetic", 5, {"digits": 7}, "--digits 7: arithmetic works columns 1 to 6"),
+        ("arithmetic", 5, {"digits": 0}, "--digits 0: arithmetic works columns 1 to 6"),
+        ("arithmetic", 5, {"ops": "*"}, "--ops '*': arithmetic's operators are + and -"),
+        ("arithmetic", 5, {"ops": "++"}, "--ops '++': arithmetic's operators are + and -"),
+        ("arithmetic", 5, {"ops": ""}, "--ops '': arithmetic's operators are + and -"),
+        ("arithmetic", 40, {"digits": 1, "ops": "-", "n_test": 10},
+         "asked for 40 train + 10 test problems; there are 45 distinct 1-digit - arithmetic"),
+        ("multiplication", 5, {"ops": "+"}, "--ops is read by arithmetic"),
         ("multiplication", 0, {}, "asked for 0 train"),
     ],
-    ids=["unknown-kind", "too-many", "no-digits", "digits-of-arithmetic", "no-rows"],
+    ids=["unknown-kind", "too-many", "no-digits", "arithmetic-digits-7", "arithmetic-digits-0",
+         "ops-times", "ops-twice", "ops-empty", "too-many-differences", "ops-of-products",
+         "no-rows"],
 )  # fmt: skip
 def test_bad_requests_are_one_clear_error(kind, n, options, says):
     with pytest.raises(InputError) as raised:
@@ -158,3 +171,66 @@ def test_calculator_traces_build_into_rows_that_train_the_call_and_the_answer(
     text = tiny_tokenizer.decode(row["input_ids"])
     assert "<tools>\n" + json.dumps(MULTIPLY_SCHEMA) + "\n</tools>" in text
     assert f"<tool_response>\n{a * b}\n</tool_response>" in text
+
+
+# ----------------------------------------------------------------------------- arithmetic
+
+
+@pytest.mark.parametrize(
+    ("a", "op", "b", "solution"),
+    [
+        (87, "+", 45, "Ones: 7+5=12, carry 1. Tens: 8+4+1=13."),
+        (22, "-", 20, "Ones: 2-0=2, borrow 0. Tens: 2-2-0=0."),
+        (703, "+", 387, "Ones: 3+7=10, carry 1. Tens: 0+8+1=9, carry 0. Hundreds: 7+3+0=10."),
+        # a borrow passed on twice, and a column that borrows because of the one it took
+        (823, "-", 594, "Ones: 13-4=9, borrow 1. Tens: 12-9-1=2, borrow 1. Hundreds: 8-5-1=2."),
+        (305, "-", 210, "Ones: 5-0=5, borrow 0. Tens: 10-1-0=9, borrow 1. Hundreds: 3-2-1=0."),
+        (9999, "+", 1, "Ones: 9+1=10, carry 1. Tens: 9+0+1=10, carry 1. "
+                       "Hundreds: 9+0+1=10, carry 1. Thousands: 9+0+1=10."),
+        (8, "-", 3, "Ones: 8-3=5."),
+    ],
+)  # fmt: skip
+def test_a_column_solution_is_the_sum_worked_by_hand(a, op, b, solution):
+    value = a + b if op == "+" else a - b
+    assert column_solution(a, op, b) == (
+        f"{solution} The final answer is \\boxed{{{value}}}.",
+        value,
+    )
+
+
+def test_the_default_arithmetic_rows_are_those_pt_data_always_drew():
+    """2-digit sums and differences, seed 0: the rows (ids, problems, order) the
+    quickstart has trained on since the generator began."""
+    rows = synth_rows("arithmetic", 8000, n_test=200, seed=0)
+    assert rows["train"][0] == {
+        "id": "arith-train-0", "problem": "What is 98 + 97?",
+        "solution": "Ones: 8+7=15, carry 1. Tens: 9+9+1=19. The final answer is \\boxed{195}.",
+        "answer": "195",
+    }  # fmt: skip
+    assert rows["train"][1]["problem"] == "What is 76 + 60?"
+    assert rows["test"][194]["problem"] == "What is 22 - 20?"
+
+
+@pytest.mark.parametrize("ops", ["+-", "+", "-"])
+def test_the_problems_listed_by_index_are_every_problem_once(ops):
+    """nth_problem, which draws 3 digits and more without listing them, walks the 2-digit
+    problems as well: every index gives a problem, and together they are the list."""
+    drawn = [nth_problem(i, 2, ops) for i in range(arithmetic_space(2, ops))]
+    assert len(set(drawn)) == len(drawn)
+    assert set(drawn) == set(arithmetic_problems(2, ops))
+
+
+@pytest.mark.parametrize(("digits", "ops", "prefix"), [(3, "+", "add3"), (4, "+-", "arith4"),
+                                                      (3, "-", "sub3"), (1, "+-", "arith1")])  # fmt: skip
+def test_longer_numbers_make_distinct_problems_answered_by_their_own_solution(digits, ops, prefix):
+    rows = synth_rows("arithmetic", 80, n_test=40, seed=5, digits=digits, ops=ops)
+    both = rows["train"] + rows["test"]
+    problems = [r["problem"] for r in both]
+    assert len(set(problems)) == len(problems)  # train and test are disjoint
+    assert [r["id"] for r in rows["test"][:2]] == [f"{prefix}-test-0", f"{prefix}-test-1"]
+    for row in both:
+        a, op, b = row["problem"].removeprefix("What is ").removesuffix("?").split()
+        assert op in ops and len(a) == len(b) == digits
+        assert int(row["answer"]) == (int(a) + int(b) if op == "+" else int(a) - int(b)) >= 0
+        assert row["solution"].endswith(f"\\boxed{{{row['answer']}}}.")
+        assert row["solution"].count(": ") == digits  # one step per column

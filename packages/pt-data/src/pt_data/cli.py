@@ -232,8 +232,8 @@ def pairs(
 def synth(
     kind: str = typer.Argument(
         ...,
-        help="generator: arithmetic (2-digit sums and differences, worked column by "
-        "column), multiplication (products answered directly), calculator (the same "
+        help="generator: arithmetic (sums and differences of 2-digit numbers, or --digits, "
+        "worked column by column), multiplication (products answered directly), calculator (the same "
         "products solved by a call of a multiply tool: messages and tools columns)",
     ),
     n: int = typer.Option(..., "--n", help="train rows"),
@@ -246,14 +246,20 @@ def synth(
     ),
     n_test: int | None = typer.Option(None, "--n-test", help="test rows (default n/10, 50..500)"),
     digits: int | None = typer.Option(
-        None, "--digits", help="digits of each factor, for multiplication and calculator (5)"
+        None,
+        "--digits",
+        help="digits of each number: arithmetic's terms (2), multiplication's and "
+        "calculator's factors (5)",
+    ),
+    ops: str | None = typer.Option(
+        None, "--ops", help="arithmetic's operators: +, - or +- (both, the default)"
     ),
 ) -> None:
     """Generate a small math dataset (train.jsonl, test.jsonl; no test problem in train) a
     tiny model learns on a CPU."""
     from pt_data.synth import write_synth
 
-    counts = write_synth(kind, n, out, seed=seed, n_test=n_test, digits=digits)
+    counts = write_synth(kind, n, out, seed=seed, n_test=n_test, digits=digits, ops=ops)
     emit_manifest("dataset", out, format="raw", rows=counts["train"], splits=counts)
 
 

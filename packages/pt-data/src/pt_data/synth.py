@@ -1,8 +1,9 @@
 """Generated datasets for offline runs: problems a tiny model can learn on a CPU.
 
-``arithmetic``: additions and subtractions of two 2-digit numbers, as MATH-like
-rows ``{id, problem, solution, answer}``. The solution works column by column,
-the way the problem is done by hand, and ends in ``\\boxed{answer}``:
+``arithmetic``: additions and subtractions of two ``digits``-digit numbers (2 by
+default; ``ops`` picks the operators), as MATH-like rows ``{id, problem, solution,
+answer}``. The solution works column by column, the way the problem is done by hand,
+and ends in ``\\boxed{answer}``:
 
     What is 87 + 45?
     Ones: 7+5=12, carry 1. Tens: 8+4+1=13. The final answer is \\boxed{132}.
@@ -52,35 +53,86 @@ PRODUCTS = ("multiplication", "calculator")  # the generators that read ``digits
 DEFAULT_DIGITS = 5
 
 
-def arithmetic_problems() -> list[tuple[int, str, int]]:
-    """Every distinct problem: (a, op, b) with 2-digit a and b; subtraction only when a >= b."""
+PLACES = ("Ones", "Tens", "Hundreds", "Thousands", "Ten-thousands", "Hundred-thousands")
+OPERATORS = ("+", "-")
+
+
+def arithmetic_space(digits: int, ops: str) -> int:
+    """The number of distinct problems: ``a + b`` for every pair, ``a - b`` for ``a >= b``."""
+    numbers = 9 * 10 ** (digits - 1) if digits > 1 else 9
+    return ("+" in ops) * numbers**2 + ("-" in ops) * numbers * (numbers + 1) // 2
+
+
+def arithmetic_problems(digits: int = 2, ops: str = "+-") -> list[tuple[int, str, int]]:
+    """Every distinct problem of two ``digits``-digit numbers (1 or 2): (a, op, b),
+    subtraction only when a >= b."""
+    low, high = (10 ** (digits - 1) if digits > 1 else 1), 10**digits - 1
     problems = []
-    for a in range(10, 100):
-        for b in range(10, 100):
-            problems.append((a, "+", b))
-            if a >= b:
+    for a in range(low, high + 1):
+        for b in range(low, high + 1):
+            if "+" in ops:
+                problems.append((a, "+", b))
+            if "-" in ops and a >= b:
                 problems.append((a, "-", b))
     return problems
 
 
+def nth_problem(index: int, digits: int, ops: str) -> tuple[int, str, int]:
+    """Problem ``index`` of the ``digits``-digit problems, listed without being built:
+    the sums first (a, then b, ascending), then the differences (a >= b)."""
+    low = 10 ** (digits - 1)
+    numbers = 9 * low
+    if "+" in ops:
+        if index < numbers**2:
+            return low + index // numbers, "+", low + index % numbers
+        index -= numbers**2
+    # the differences with first term low + i are i + 1 (b = low .. low + i)
+    i = int(((8 * index + 1) ** 0.5 - 1) / 2)
+    while i * (i + 1) // 2 > index:
+        i -= 1
+    while (i + 1) * (i + 2) // 2 <= index:
+        i += 1
+    return low + i, "-", low + index - i * (i + 1) // 2
+
+
+def draw_problems(
+    count: int, digits: int, ops: str, rng: random.Random
+) -> list[tuple[int, str, int]]:
+    """``count`` distinct problems in the order drawn. Up to two digits they are drawn
+    from the list of every problem (as pt-data always has: the same seed, the same rows);
+    beyond, by index from a count too large to list."""
+    if digits <= 2:
+        return rng.sample(arithmetic_problems(digits, ops), count)
+    indices = rng.sample(range(arithmetic_space(digits, ops)), count)
+    return [nth_problem(i, digits, ops) for i in indices]
+
+
 def column_solution(a: int, op: str, b: int) -> tuple[str, int]:
-    """The worked, column-by-column solution of ``a op b`` and its value."""
-    (a_tens, a_ones), (b_tens, b_ones) = divmod(a, 10), divmod(b, 10)
-    if op == "+":
-        ones = a_ones + b_ones
-        carry = ones // 10
-        tens = a_tens + b_tens + carry
-        value = a + b
-        steps = f"Ones: {a_ones}+{b_ones}={ones}, carry {carry}. Tens: {a_tens}+{b_tens}+{carry}={tens}."
-    elif op == "-":
-        borrow = int(a_ones < b_ones)
-        top = a_ones + 10 * borrow
-        tens = a_tens - b_tens - borrow
-        value = a - b
-        steps = f"Ones: {top}-{b_ones}={top - b_ones}, borrow {borrow}. Tens: {a_tens}-{b_tens}-{borrow}={tens}."
-    else:
+    """The worked, column-by-column solution of ``a op b`` and its value: each column's
+    one-digit fact with the carry (or borrow) it takes and the one it passes on; the
+    last column's result is written whole."""
+    if op not in OPERATORS:
         raise ValueError(f"unknown operator {op!r}")
-    return f"{steps} The final answer is \\boxed{{{value}}}.", value
+    columns = max(len(str(a)), len(str(b)))
+    steps, moved = [], 0  # the carry or borrow passed to the next column
+    for i in range(columns):
+        x, y = a // 10**i % 10, b // 10**i % 10
+        place, last = PLACES[i], i == columns - 1
+        if op == "+":
+            total = x + y + moved
+            terms = f"{x}+{y}" if i == 0 else f"{x}+{y}+{moved}"
+            steps.append(f"{place}: {terms}={total}" + ("." if last else f", carry {total // 10}."))
+            moved = total // 10
+        else:
+            out = 0 if last else int(x - moved < y)
+            top = x + 10 * out
+            terms = f"{top}-{y}" if i == 0 else f"{top}-{y}-{moved}"
+            steps.append(
+                f"{place}: {terms}={top - y - moved}" + ("." if last else f", borrow {out}.")
+            )
+            moved = out
+    value = a + b if op == "+" else a - b
+    return f"{' '.join(steps)} The final answer is \\boxed{{{value}}}.", value
 
 
 def arithmetic_row(a: int, op: str, b: int, row_id: str) -> dict:
@@ -108,17 +160,32 @@ def check_counts(n: int, n_test: int, space: int, what: str) -> None:
         )  # fmt: skip
 
 
-def synth_arithmetic(n: int, *, n_test: int | None = None, seed: int = 0) -> dict[str, list[dict]]:
-    """``n`` train rows and ``n_test`` (default ``min(500, max(50, n // 10))``) test rows,
-    no problem in both."""
+def id_prefix(digits: int, ops: str) -> str:
+    """What a row's id starts with: ``arith`` for the default 2-digit sums and differences,
+    else the operators and the digits (``add3``, ``sub3``, ``arith4``), so that test sets of
+    several kinds built into one prompt set keep distinct ids."""
+    name = {"+": "add", "-": "sub"}.get(ops, "arith")
+    return name if digits == 2 and ops == "+-" else f"{name}{digits}"
+
+
+def synth_arithmetic(n: int, *, n_test: int | None = None, seed: int = 0, digits: int = 2,
+                     ops: str = "+-") -> dict[str, list[dict]]:  # fmt: skip
+    """``n`` train rows and ``n_test`` (default ``min(500, max(50, n // 10))``) test rows
+    of two ``digits``-digit numbers and the operators ``ops``, no problem in both."""
+    if not 1 <= digits <= len(PLACES):
+        raise InputError(f"--digits {digits}: arithmetic works columns 1 to {len(PLACES)}",
+                         hint=f"use --digits between 1 and {len(PLACES)} (2 by default)")  # fmt: skip
+    if not ops or set(ops) - set(OPERATORS) or len(set(ops)) != len(ops):
+        raise InputError(f"--ops {ops!r}: arithmetic's operators are + and -",
+                         hint="use --ops +, --ops - or --ops +- (the default)")  # fmt: skip
     if n_test is None:
         n_test = default_n_test(n)
-    space = arithmetic_problems()
-    check_counts(n, n_test, len(space), "arithmetic")
+    check_counts(n, n_test, arithmetic_space(digits, ops), f"{digits}-digit {ops} arithmetic")
     rng = random.Random(seed)
-    chosen = rng.sample(space, n + n_test)
-    test = [arithmetic_row(*p, f"arith-test-{i}") for i, p in enumerate(chosen[:n_test])]
-    train = [arithmetic_row(*p, f"arith-train-{i}") for i, p in enumerate(chosen[n_test:])]
+    chosen = draw_problems(n + n_test, digits, ops, rng)
+    name = id_prefix(digits, ops)
+    test = [arithmetic_row(*p, f"{name}-test-{i}") for i, p in enumerate(chosen[:n_test])]
+    train = [arithmetic_row(*p, f"{name}-train-{i}") for i, p in enumerate(chosen[n_test:])]
     return {"train": train, "test": test}
 
 
@@ -216,25 +283,24 @@ def synth_products(kind: str, n: int, *, n_test: int | None = None, seed: int = 
 
 
 def synth_rows(kind: str, n: int, *, seed: int = 0, n_test: int | None = None,
-               digits: int | None = None) -> dict[str, list[dict]]:  # fmt: skip
+               digits: int | None = None, ops: str | None = None) -> dict[str, list[dict]]:  # fmt: skip
     """The rows of generator ``kind``: ``{"train": rows, "test": rows}``."""
     if kind not in GENERATORS:
         raise InputError(f"unknown generator {kind!r}; known: {', '.join(GENERATORS)}")
     if kind in PRODUCTS:
+        if ops is not None:
+            raise InputError(f"--ops is read by arithmetic; {kind} problems are products",
+                             hint="remove --ops")  # fmt: skip
         digits = DEFAULT_DIGITS if digits is None else digits
         return synth_products(kind, n, n_test=n_test, seed=seed, digits=digits)
-    if digits is not None:
-        raise InputError(
-            f"--digits is read by {' and '.join(PRODUCTS)}; {kind} problems have two digits",
-            hint="remove --digits",
-        )
-    return synth_arithmetic(n, n_test=n_test, seed=seed)
+    return synth_arithmetic(n, n_test=n_test, seed=seed, digits=2 if digits is None else digits,
+                            ops="+-" if ops is None else ops)  # fmt: skip
 
 
 def write_synth(kind: str, n: int, out: str | Path, *, seed: int = 0, n_test: int | None = None,
-                digits: int | None = None):  # fmt: skip
+                digits: int | None = None, ops: str | None = None):  # fmt: skip
     """Write ``out/train.jsonl`` and ``out/test.jsonl``; return ``{split: rows}``."""
-    splits = synth_rows(kind, n, seed=seed, n_test=n_test, digits=digits)
+    splits = synth_rows(kind, n, seed=seed, n_test=n_test, digits=digits, ops=ops)
     with atomic_path(out) as tmp:
         tmp.mkdir()
         for split, rows in splits.items():
