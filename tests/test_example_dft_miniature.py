@@ -121,7 +121,9 @@ def test_the_example_runs_end_to_end_at_a_small_size(tmp_path):
            "PT_DFT_LRS": "3e-4", "PT_DFT_TEST": "5", "PT_DFT_SAMPLES": "1"}  # fmt: skip
     proc = sh(f"bash {HERE / 'run.sh'}", tmp_path, env)
     out = tmp_path / "dft-miniature-out"
-    runs = ["start-0"] + [f"{m}-lr3e-4-s0-{k}" for m in ("sft", "dft", "asft") for k in (1, 2, 4, 8)]
+    runs = ["start-0"] + [
+        f"{m}-lr3e-4-s0-{k}" for m in ("sft", "dft", "asft") for k in (1, 2, 4, 8)
+    ]
     for run in runs:
         rows = [json.loads(x) for x in (out / "grades" / f"{run}.jsonl").read_text().splitlines()]
         assert sorted({r["id"].rsplit("-", 2)[0] for r in rows}) == [
