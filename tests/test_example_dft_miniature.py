@@ -4,7 +4,6 @@ counts of the graded rows it reads."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,17 +13,14 @@ from pathlib import Path
 import pytest
 from shell import sh, tools_path
 from test_examples import assert_shellcheck_passes
+from test_examples_envs import load_example
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = REPO / "examples" / "dft-miniature"
 
 
 def load_report():
-    spec = importlib.util.spec_from_file_location("dft_miniature_report", HERE / "report.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("dft-miniature", "report.py")
 
 
 def test_the_script_passes_shellcheck():
