@@ -141,9 +141,14 @@ def _error_cases(tmp_path):
         (["synth", "arithmetic", "--n", "abc", "--out", tmp_path / "s"], None, "'--n'"),
         (["synth", "algebra", "--n", "5", "--out", tmp_path / "s"], None, "unknown generator"),
         (
-            ["synth", "arithmetic", "--n", "5", "--digits", "3", "--out", tmp_path / "s"],
+            ["synth", "arithmetic", "--n", "5", "--digits", "7", "--out", tmp_path / "s"],
             None,
-            "--digits is read by multiplication and calculator",
+            "--digits 7: arithmetic works columns 1 to 6",
+        ),
+        (
+            ["synth", "multiplication", "--n", "5", "--ops", "+", "--out", tmp_path / "s"],
+            None,
+            "--ops is read by arithmetic",
         ),
         (
             ["synth", "calculator", "--n", "5", "--digits", "0", "--out", tmp_path / "s"],
