@@ -65,14 +65,15 @@ pt-data build "$HERE/broad.yaml" | pt-train run "$HERE/pretrain.yaml" --data - \
     training.max_steps="$PRETRAIN_STEPS" > manifest-pretrain.json
 pretrained=$(path_of manifest-pretrain.json)
 
-lanes() {  # NAME COMMANDS...: each string of commands in its own lane, side by side, one
-    local name=$1 pids=() i  # thread each; if one fails, stop the others and fail
+lanes() {  # NAME JOB...: the jobs dealt in turn to two lanes that run side by side, one
+    local name=$1 lane=("" "") pids=() i=0 job  # thread each; if one fails, stop both, fail
     shift
-    for i in $(seq 1 $#); do
-        OMP_NUM_THREADS=1 bash -c "set -euo pipefail; ${!i}" 2> "logs/$name-$i.log" &
+    for job in "$@"; do lane[i % 2]+="$job;"; i=$((i + 1)); done
+    for i in 0 1; do
+        OMP_NUM_THREADS=1 bash -c "set -euo pipefail; ${lane[$i]}" 2> "logs/$name-$((i + 1)).log" &
         pids+=($!)
     done
-    for i in "${!pids[@]}"; do
+    for i in 0 1; do
         if ! wait "${pids[$i]}"; then
             kill "${pids[@]}" 2> /dev/null || true
             echo "error: a lane failed; its log: $OUT/logs/$name-$((i + 1)).log" >&2
@@ -96,25 +97,17 @@ export -f finetune evaluate
 
 runs=() jobs=()
 for lr in $LRS; do for seed in $SEEDS; do for method in $METHODS; do
-    runs+=("$method-lr$lr-s$seed"); jobs+=("finetune $method $lr $seed;")
+    runs+=("$method-lr$lr-s$seed"); jobs+=("finetune $method $lr $seed")
 done; done; done
 step "3. pt-train run (SFT, DFT, ASFT on the narrow task; learning rates: $LRS; seeds: $SEEDS)   [progress: logs/]"
-lane_a="" lane_b=""
-for i in "${!jobs[@]}"; do
-    if [ $((i % 2)) -eq 0 ]; then lane_a+=${jobs[$i]}; else lane_b+=${jobs[$i]}; fi
-done
-lanes finetune "$lane_a" "$lane_b"
+lanes finetune "${jobs[@]}"
 
 step "4. pt-rollout generate | pt-eval grade (the pretrained model, every snapshot)   [progress: logs/]"
-lane_a="evaluate start-0 $pretrained;" lane_b=""
-for i in "${!runs[@]}"; do
-    r=${runs[$i]}
-    for k in 1 2 4 8; do
-        s=$((STEPS * k / 8)); job="evaluate $r-$s runs/$r/inference/step-$s;"
-        if [ $(( (i * 4 + k) % 2 )) -eq 0 ]; then lane_a+=$job; else lane_b+=$job; fi
-    done
+jobs=("evaluate start-0 $pretrained")
+for r in "${runs[@]}"; do
+    for k in 1 2 4 8; do jobs+=("evaluate $r-$((STEPS * k / 8)) runs/$r/inference/step-$((STEPS * k / 8))"); done
 done
-lanes evaluate "$lane_a" "$lane_b"
+lanes evaluate "${jobs[@]}"
 
 step "report"
 python3 "$HERE/report.py" "$OUT" --steps "$STEPS" --seeds "$SEEDS" --lrs "$LRS" \

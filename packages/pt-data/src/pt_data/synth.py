@@ -42,6 +42,7 @@ no test problem is in train either way round.
 from __future__ import annotations
 
 import functools
+import math
 import random
 from pathlib import Path
 
@@ -59,14 +60,14 @@ OPERATORS = ("+", "-")
 
 def arithmetic_space(digits: int, ops: str) -> int:
     """The number of distinct problems: ``a + b`` for every pair, ``a - b`` for ``a >= b``."""
-    numbers = 9 * 10 ** (digits - 1) if digits > 1 else 9
+    numbers = 9 * 10 ** (digits - 1)
     return ("+" in ops) * numbers**2 + ("-" in ops) * numbers * (numbers + 1) // 2
 
 
 def arithmetic_problems(digits: int = 2, ops: str = "+-") -> list[tuple[int, str, int]]:
     """Every distinct problem of two ``digits``-digit numbers (1 or 2): (a, op, b),
     subtraction only when a >= b."""
-    low, high = (10 ** (digits - 1) if digits > 1 else 1), 10**digits - 1
+    low, high = 10 ** (digits - 1), 10**digits - 1
     problems = []
     for a in range(low, high + 1):
         for b in range(low, high + 1):
@@ -87,11 +88,7 @@ def nth_problem(index: int, digits: int, ops: str) -> tuple[int, str, int]:
             return low + index // numbers, "+", low + index % numbers
         index -= numbers**2
     # the differences with first term low + i are i + 1 (b = low .. low + i)
-    i = int(((8 * index + 1) ** 0.5 - 1) / 2)
-    while i * (i + 1) // 2 > index:
-        i -= 1
-    while (i + 1) * (i + 2) // 2 <= index:
-        i += 1
+    i = (math.isqrt(8 * index + 1) - 1) // 2  # the largest i with i (i + 1) / 2 <= index
     return low + i, "-", low + index - i * (i + 1) // 2
 
 
