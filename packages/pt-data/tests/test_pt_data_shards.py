@@ -5,6 +5,7 @@ in one process: every parquet file and dataset.json."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -238,7 +239,7 @@ def test_stats_of_a_built_dataset_count_what_a_loop_over_its_rows_counts(project
 
 
 def test_a_shard_still_reading_when_another_assembles_takes_its_dataset(
-    project, whole, monkeypatch
+    project, whole, monkeypatch, caplog
 ):
     """Shard 1/2 has built its last chunk and reads on through the rows of the next when
     shard 0/2 assembles the dataset and removes the chunks: it builds nothing again, and
@@ -265,11 +266,19 @@ def test_a_shard_still_reading_when_another_assembles_takes_its_dataset(
 
     assert n % 2 == 1  # the last chunk is shard 0/2's
     monkeypatch.setattr(builder.mixer, "rows", rows_and_the_other_shard_assembles)
-    info = builder.run(out, (1, 2))
+    pt_logger = logging.getLogger("pt")  # pt's logs go to stderr, not to the root logger
+    pt_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("INFO", logger="pt"):
+            info = builder.run(out, (1, 2))
+    finally:
+        pt_logger.removeHandler(caplog.handler)
     assert (
         info is not None and info["config_hash"] == json.loads(whole["dataset.json"])["config_hash"]
     )
     assert files(out) == whole and not (project / "raced.build").exists()
+    said = " ".join(caplog.text.split())
+    assert "shard 1/2 done; the other shards had built the rest by then, and one of them" in said
 
 
 def test_shards_with_the_real_shape_tokenizer_build_the_same_bytes(project, qwen_tokenizer_dir):

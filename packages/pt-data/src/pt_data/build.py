@@ -246,7 +246,12 @@ class Builder:
                 with work.lock():
                     missing = work.missing()
                     if missing is None:  # another shard assembled it and removed the chunks
-                        return self._assembled_by_another(out_dir)
+                        info = self._assembled_by_another(out_dir)
+                        log.info(
+                            "shard %d/%d done; the other shards had built the rest by then, "
+                            "and one of them assembled %s", *shard, out_dir,
+                        )  # fmt: skip
+                        return info
                     if missing:
                         total = (work.mixer() or {}).get("chunks", len(missing))
                         log.info(
