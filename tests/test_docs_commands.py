@@ -196,7 +196,8 @@ SYNOPSIS = {
     "pt-data stats CONFIG [key=value ...] [--limit N] [--plot lengths.png] [--skip-bad]",
     "pt-data stats DATASET|- [--split S] [--plot lengths.png] [--skip-bad]",
     "pt-data pairs GRADES|- [--out DIR] [--strategy one|all|margin] [--k K] [--seed S]",
-    "pt-data synth arithmetic --n N --out DIR [--digits D] [--ops +|-|+-] [--seed S] [--n-test M]",
+    "pt-data synth arithmetic --n N --out DIR [--digits D] [--ops +|-|+-] [--flawed SHARE]"
+    " [--seed S] [--n-test M]",
     "pt-data synth multiplication --n N --out DIR [--digits D] [--seed S] [--n-test M]",
     "pt-data synth calculator --n N --out DIR [--digits D] [--seed S] [--n-test M]",
     "pt-data tokenizer --texts ROWS.jsonl [--texts MORE.parquet ...] --out DIR"

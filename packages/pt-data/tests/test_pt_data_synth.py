@@ -133,10 +133,13 @@ def test_every_problem_of_a_small_space_can_be_drawn():
          "asked for 40 train + 10 test problems; there are 45 distinct 1-digit - arithmetic"),
         ("multiplication", 5, {"ops": "+"}, "--ops is read by arithmetic"),
         ("multiplication", 0, {}, "asked for 0 train"),
+        ("arithmetic", 5, {"flawed": 1.5}, "--flawed 1.5: it is a share of the problems, from 0 to 1"),
+        ("arithmetic", 5, {"flawed": -0.1}, "--flawed -0.1: it is a share of the problems"),
+        ("calculator", 5, {"flawed": 0.4}, "--flawed is read by arithmetic"),
     ],
     ids=["unknown-kind", "too-many", "no-digits", "arithmetic-digits-7", "arithmetic-digits-0",
          "ops-times", "ops-twice", "ops-empty", "too-many-differences", "ops-of-products",
-         "no-rows"],
+         "no-rows", "flawed-above-1", "flawed-below-0", "flawed-of-products"],
 )  # fmt: skip
 def test_bad_requests_are_one_clear_error(kind, n, options, says):
     with pytest.raises(InputError) as raised:
@@ -196,6 +199,63 @@ def test_a_column_solution_is_the_sum_worked_by_hand(a, op, b, solution):
         f"{solution} The final answer is \\boxed{{{value}}}.",
         value,
     )
+
+
+def terms(row: dict) -> tuple[int, str, int]:
+    a, op, b = row["problem"].removeprefix("What is ").removesuffix("?").split()
+    return int(a), op, int(b)
+
+
+@pytest.mark.parametrize(
+    ("a", "op", "b", "solution", "value"),
+    [
+        (48, "+", 72, "Ones: 8+2=10, carry 0. Tens: 4+7+0=11.", 110),
+        (87, "+", 45, "Ones: 7+5=12, carry 0. Tens: 8+4+0=12.", 122),
+        (91, "-", 37, "Ones: 11-7=4, borrow 0. Tens: 9-3-0=6.", 64),
+        # each column that is short takes its ten, and none is paid back
+        (823, "-", 594, "Ones: 13-4=9, borrow 0. Tens: 12-9-0=3, borrow 0. Hundreds: 8-5-0=3.",
+         339),
+        (9999, "+", 1, "Ones: 9+1=10, carry 0. Tens: 9+0+0=9, carry 0. "
+                       "Hundreds: 9+0+0=9, carry 0. Thousands: 9+0+0=9.", 9990),
+        (42, "+", 31, "Ones: 2+1=3, carry 0. Tens: 4+3+0=7.", 73),  # nothing to forget
+    ],
+)  # fmt: skip
+def test_a_careless_solution_forgets_every_carry_and_borrow(a, op, b, solution, value):
+    assert column_solution(a, op, b, careless=True) == (
+        f"{solution} The final answer is \\boxed{{{value}}}.",
+        value,
+    )
+
+
+def test_flawed_rows_are_the_share_asked_of_the_problems_with_a_carry_and_only_those():
+    """--flawed 0.4: the problems, ids and test rows are those drawn without it; a train
+    problem with a carry or borrow has the careless solution 40% of the time, marked, its
+    answer still the true value; a problem without one never has."""
+    clean = synth_rows("arithmetic", 8000, n_test=200, seed=0)
+    rows = synth_rows("arithmetic", 8000, n_test=200, seed=0, flawed=0.4)
+    assert rows["test"] == clean["test"]
+    assert [r["id"] for r in rows["train"]] == [r["id"] for r in clean["train"]]
+    assert [r["answer"] for r in rows["train"]] == [r["answer"] for r in clean["train"]]
+    with_carry = flawed = 0
+    for row, same in zip(rows["train"], clean["train"], strict=True):
+        a, op, b = terms(row)
+        due = (a % 10 + b % 10 >= 10) if op == "+" else (a % 10 < b % 10)  # 2 digits: ones
+        with_carry += due
+        if row.get("flawed"):
+            flawed += 1
+            assert due and row["solution"] == column_solution(a, op, b, careless=True)[0]
+            assert row["solution"] != same["solution"]
+            assert row.keys() - same.keys() == {"flawed"}
+        else:
+            assert row == same
+    assert with_carry == 3449 and flawed == 1333  # 38.6% of them
+    assert synth_rows("arithmetic", 8000, n_test=200, seed=0, flawed=0.0) == clean
+    # all of them: every 3-digit problem whose careless solution differs, and only those
+    everything = synth_rows("arithmetic", 500, n_test=50, seed=3, digits=3, flawed=1.0)
+    for row in everything["train"]:
+        careless = column_solution(*terms(row), careless=True)[0]
+        assert row.get("flawed", False) == (careless != column_solution(*terms(row))[0])
+        assert row["solution"] == careless
 
 
 def test_the_default_arithmetic_rows_are_those_pt_data_always_drew():

@@ -254,12 +254,20 @@ def synth(
     ops: str | None = typer.Option(
         None, "--ops", help="arithmetic's operators: +, - or +- (both, the default)"
     ),
+    flawed: float | None = typer.Option(
+        None,
+        "--flawed",
+        help="arithmetic: the share (0-1) of train problems with a carry or borrow whose "
+        "worked solution forgets to pass it on (marked flawed: true; answer stays true)",
+    ),
 ) -> None:
     """Generate a small math dataset (train.jsonl, test.jsonl; no test problem in train) a
     tiny model learns on a CPU."""
     from pt_data.synth import write_synth
 
-    counts = write_synth(kind, n, out, seed=seed, n_test=n_test, digits=digits, ops=ops)
+    counts = write_synth(
+        kind, n, out, seed=seed, n_test=n_test, digits=digits, ops=ops, flawed=flawed
+    )
     emit_manifest("dataset", out, format="raw", rows=counts["train"], splits=counts)
 
 

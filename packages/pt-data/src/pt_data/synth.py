@@ -104,42 +104,57 @@ def draw_problems(
     return [nth_problem(i, digits, ops) for i in indices]
 
 
-def column_solution(a: int, op: str, b: int) -> tuple[str, int]:
+def column_solution(a: int, op: str, b: int, *, careless: bool = False) -> tuple[str, int]:
     """The worked, column-by-column solution of ``a op b`` and its value: each column's
     one-digit fact with the carry (or borrow) it takes and the one it passes on; the
-    last column's result is written whole."""
+    last column's result is written whole.
+
+    ``careless``: the solution of someone who forgets to pass carries and borrows on.
+    Each column is worked as if nothing came from the one before ("carry 0", "borrow
+    0"; a column short of its subtrahend still takes its ten), and the value is the one
+    those columns spell, which is wrong whenever a carry or borrow was due."""
     if op not in OPERATORS:
         raise ValueError(f"unknown operator {op!r}")
     columns = max(len(str(a)), len(str(b)))
-    steps, moved = [], 0  # the carry or borrow passed to the next column
+    steps, moved, value = [], 0, 0  # moved: the carry or borrow passed to the next column
     for i in range(columns):
         x, y = a // 10**i % 10, b // 10**i % 10
         place, last = PLACES[i], i == columns - 1
         if op == "+":
             total = x + y + moved
             terms = f"{x}+{y}" if i == 0 else f"{x}+{y}+{moved}"
-            steps.append(f"{place}: {terms}={total}" + ("." if last else f", carry {total // 10}."))
-            moved = total // 10
+            passed = 0 if careless else total // 10
+            steps.append(f"{place}: {terms}={total}" + ("." if last else f", carry {passed}."))
+            digit = total if last else total % 10
         else:
             out = 0 if last else int(x - moved < y)
             top = x + 10 * out
             terms = f"{top}-{y}" if i == 0 else f"{top}-{y}-{moved}"
-            steps.append(
-                f"{place}: {terms}={top - y - moved}" + ("." if last else f", borrow {out}.")
-            )
-            moved = out
-    value = a + b if op == "+" else a - b
+            passed = 0 if careless else out
+            digit = top - y - moved
+            steps.append(f"{place}: {terms}={digit}" + ("." if last else f", borrow {passed}."))
+        value += digit * 10**i
+        moved = passed
     return f"{' '.join(steps)} The final answer is \\boxed{{{value}}}.", value
 
 
-def arithmetic_row(a: int, op: str, b: int, row_id: str) -> dict:
-    solution, value = column_solution(a, op, b)
-    return {
+def carries(a: int, op: str, b: int) -> bool:
+    """Whether ``a op b`` passes a carry (or a borrow) from one column to the next."""
+    return column_solution(a, op, b, careless=True)[1] != (a + b if op == "+" else a - b)
+
+
+def arithmetic_row(a: int, op: str, b: int, row_id: str, *, flawed: bool = False) -> dict:
+    """A problem, its worked solution and the true answer. ``flawed``: the solution is the
+    careless one (:func:`column_solution`), marked ``"flawed": true``; ``answer`` stays
+    the true value, which a grader checks against."""
+    solution, _ = column_solution(a, op, b, careless=flawed)
+    row = {
         "id": row_id,
         "problem": f"What is {a} {op} {b}?",
         "solution": solution,
-        "answer": str(value),
+        "answer": str(a + b if op == "+" else a - b),
     }
+    return row | {"flawed": True} if flawed else row
 
 
 def default_n_test(n: int) -> int:
@@ -166,15 +181,22 @@ def id_prefix(digits: int, ops: str) -> str:
 
 
 def synth_arithmetic(n: int, *, n_test: int | None = None, seed: int = 0, digits: int = 2,
-                     ops: str = "+-") -> dict[str, list[dict]]:  # fmt: skip
+                     ops: str = "+-", flawed: float = 0.0) -> dict[str, list[dict]]:  # fmt: skip
     """``n`` train rows and ``n_test`` (default ``min(500, max(50, n // 10))``) test rows
-    of two ``digits``-digit numbers and the operators ``ops``, no problem in both."""
+    of two ``digits``-digit numbers and the operators ``ops``, no problem in both.
+
+    ``flawed``: the share of the train problems with a carry or borrow whose solution is
+    the careless one, drawn by a generator of their own (seeded with ``seed``), so the
+    problems and the other rows are those drawn without it. Test rows are never flawed."""
     if not 1 <= digits <= len(PLACES):
         raise InputError(f"--digits {digits}: arithmetic works columns 1 to {len(PLACES)}",
                          hint=f"use --digits between 1 and {len(PLACES)} (2 by default)")  # fmt: skip
     if not ops or set(ops) - set(OPERATORS) or len(set(ops)) != len(ops):
         raise InputError(f"--ops {ops!r}: arithmetic's operators are + and -",
                          hint="use --ops +, --ops - or --ops +- (the default)")  # fmt: skip
+    if not 0.0 <= flawed <= 1.0:
+        raise InputError(f"--flawed {flawed}: it is a share of the problems, from 0 to 1",
+                         hint="use e.g. --flawed 0.4 (0, none flawed, by default)")  # fmt: skip
     if n_test is None:
         n_test = default_n_test(n)
     check_counts(n, n_test, arithmetic_space(digits, ops), f"{digits}-digit {ops} arithmetic")
@@ -182,7 +204,14 @@ def synth_arithmetic(n: int, *, n_test: int | None = None, seed: int = 0, digits
     chosen = draw_problems(n + n_test, digits, ops, rng)
     name = id_prefix(digits, ops)
     test = [arithmetic_row(*p, f"{name}-test-{i}") for i, p in enumerate(chosen[:n_test])]
-    train = [arithmetic_row(*p, f"{name}-train-{i}") for i, p in enumerate(chosen[n_test:])]
+    careless = random.Random(seed)  # its own draws: the problems do not depend on --flawed
+    train = [
+        arithmetic_row(
+            *p, f"{name}-train-{i}",
+            flawed=flawed > 0 and carries(*p) and careless.random() < flawed,
+        )
+        for i, p in enumerate(chosen[n_test:])
+    ]  # fmt: skip
     return {"train": train, "test": test}
 
 
@@ -280,24 +309,27 @@ def synth_products(kind: str, n: int, *, n_test: int | None = None, seed: int = 
 
 
 def synth_rows(kind: str, n: int, *, seed: int = 0, n_test: int | None = None,
-               digits: int | None = None, ops: str | None = None) -> dict[str, list[dict]]:  # fmt: skip
+               digits: int | None = None, ops: str | None = None,
+               flawed: float | None = None) -> dict[str, list[dict]]:  # fmt: skip
     """The rows of generator ``kind``: ``{"train": rows, "test": rows}``."""
     if kind not in GENERATORS:
         raise InputError(f"unknown generator {kind!r}; known: {', '.join(GENERATORS)}")
     if kind in PRODUCTS:
-        if ops is not None:
-            raise InputError(f"--ops is read by arithmetic; {kind} problems are products",
-                             hint="remove --ops")  # fmt: skip
+        for flag, value in (("--ops", ops), ("--flawed", flawed)):
+            if value is not None:
+                raise InputError(f"{flag} is read by arithmetic; {kind} problems are products",
+                                 hint=f"remove {flag}")  # fmt: skip
         digits = DEFAULT_DIGITS if digits is None else digits
         return synth_products(kind, n, n_test=n_test, seed=seed, digits=digits)
     return synth_arithmetic(n, n_test=n_test, seed=seed, digits=2 if digits is None else digits,
-                            ops="+-" if ops is None else ops)  # fmt: skip
+                            ops="+-" if ops is None else ops, flawed=flawed or 0.0)  # fmt: skip
 
 
 def write_synth(kind: str, n: int, out: str | Path, *, seed: int = 0, n_test: int | None = None,
-                digits: int | None = None, ops: str | None = None):  # fmt: skip
+                digits: int | None = None, ops: str | None = None,
+                flawed: float | None = None):  # fmt: skip
     """Write ``out/train.jsonl`` and ``out/test.jsonl``; return ``{split: rows}``."""
-    splits = synth_rows(kind, n, seed=seed, n_test=n_test, digits=digits, ops=ops)
+    splits = synth_rows(kind, n, seed=seed, n_test=n_test, digits=digits, ops=ops, flawed=flawed)
     with atomic_path(out) as tmp:
         tmp.mkdir()
         for split, rows in splits.items():
