@@ -235,7 +235,8 @@ def measure(which: str, workdir: Path, steps: int, threads: int) -> dict:
             "completions": [
                 json.loads(x)["completion_token_ids"]
                 for d in sorted((run_dir / "rounds").iterdir())
-                for x in (d / "rollouts.jsonl").read_text().splitlines()
+                for x in (d / "rollouts.jsonl").read_text().split("\n")
+                if x
             ],
         }
     result["seconds_per_step"] = statistics.median(result["step_times"][1:])

@@ -233,7 +233,8 @@ def measure(which: str, workdir: Path, steps: int, threads: int, **rollout) -> d
             rows = [
                 json.loads(x)
                 for d in sorted((workdir / "runs" / which / "rounds").iterdir())
-                for x in (d / "rollouts.jsonl").read_text().splitlines()
+                for x in (d / "rollouts.jsonl").read_text().split("\n")
+                if x
             ]
             result["completions"] = [r["completion_token_ids"] for r in rows]
             result["teacher_logprobs"] = [r["teacher_student_topk_logprobs"] for r in rows]

@@ -48,7 +48,7 @@ def by_set(rows: list[dict]) -> dict[str, dict[str, float]]:
 def accuracies(out: Path, run: str) -> dict[str, float]:
     """Each test set's accuracy (%) of one model's graded samples."""
     path = out / "grades" / f"{run}.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
     return {prefix: s["accuracy"] for prefix, s in by_set(rows).items()}
 
 
@@ -112,7 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split()]
     found = {lr: collect(args.out, args.steps, seeds, lr) for lr in args.lrs.split()}
-    start_rows = (args.out / "grades" / "start-0.jsonl").read_text().splitlines()
+    start_rows = (args.out / "grades" / "start-0.jsonl").read_text().split("\n")
     counts = by_set([json.loads(line) for line in start_rows if line.strip()])["add3"]
     samples = counts["samples"] // max(counts["problems"], 1)
 

@@ -64,7 +64,7 @@ def main() -> None:
     for name, _, _ in MODELS:
         path = args.out / "rollouts" / f"{name}.jsonl"
         if path.exists():
-            found[name] = summary([json.loads(x) for x in path.read_text().splitlines() if x])
+            found[name] = summary([json.loads(x) for x in path.read_text().split("\n") if x])
     some = next(iter(found.values()))
     table = Table(title=f"{some['games']} held-out games, {some['n'] // some['games']} plays each")
     for column in ("model", "won", "± s.e.", "guesses", "against an answer"):
