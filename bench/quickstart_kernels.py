@@ -4,7 +4,8 @@ arithmetic alone.
 Runs ``examples/quickstart/run.sh`` once per ``ATEN_CPU_CAPABILITY`` (``default``,
 ``avx2``, and ``avx512`` where the CPU has it), each into its own output directory, and
 prints every row's accuracy under each, with the largest difference between kernels
-and the row's standard error (over problems, from the first run).
+and the row's standard error (over problems, from the first run), and under each kernel
+whether each method's claim holds on its table (report.py's ``claims``).
 
     uv run --no-sync python bench/quickstart_kernels.py [--out DIR] [--kernels default,avx2]
 
@@ -54,6 +55,7 @@ def main() -> int:
     accuracy: dict[str, dict[str, float]] = {}
     errors: dict[str, float] = {}
     seconds: dict[str, int] = {}
+    claims: dict[str, list[str]] = {}  # each method's claim line, by kernel
     for kernel in kernels:
         out = (opts.out / kernel).resolve()
         env = {**os.environ, "ATEN_CPU_CAPABILITY": kernel, "PT_QUICKSTART_OUT": str(out)}
@@ -64,12 +66,15 @@ def main() -> int:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         seconds[kernel] = round(time.monotonic() - started)
+        summaries = {}
         for name, _, _ in report.MODELS:
             summary = json.loads((out / f"grades-{name}.json").read_text().splitlines()[-1])
+            summaries[name] = summary
             accuracy.setdefault(name, {})[kernel] = round(100 * summary["accuracy"], 1)
             if name not in errors:
                 se = report.standard_error(out / "grades" / f"{name}.jsonl")
                 errors[name] = round(se, 1) if se is not None else 0.0
+        claims[kernel] = report.claims(out, summaries)
 
     spread = {name: round(max(v.values()) - min(v.values()), 1) for name, v in accuracy.items()}
     labels = {name: label for name, label, _ in report.MODELS}
@@ -77,8 +82,13 @@ def main() -> int:
     for name, by_kernel in accuracy.items():
         cells = "".join(f"{by_kernel[k]:>9.1f}%" for k in kernels)
         print(f"{labels[name]:12}{cells}{spread[name]:>10.1f}{errors[name]:>8.1f}")
+    for kernel, lines in claims.items():
+        print(f"each method's claim under {kernel}:")
+        print("\n".join(lines))
+    holds = {k: sum(line.lstrip().startswith("holds") for line in v) for k, v in claims.items()}
     print("seconds: " + ", ".join(f"{k} {s}" for k, s in seconds.items()))
-    print(json.dumps({"accuracy": accuracy, "max_diff": spread, "se": errors, "seconds": seconds}))
+    print(json.dumps({"accuracy": accuracy, "max_diff": spread, "se": errors, "seconds": seconds,
+                      "claims_held": holds, "claims": len(report.CLAIMS)}))  # fmt: skip
     return 0
 
 

@@ -51,7 +51,7 @@ def test_the_standard_error_is_over_problems(tmp_path):
 
 
 def test_the_self_check_names_each_row_outside_its_range(tmp_path):
-    """Every row at the middle of its range: all ok. Then SFT at 12% and GRPO at 95%:
+    """Every row at the middle of its range: all ok. Then SFT at 12% and OPD at 95%:
     those two lines say CHECK, below/above, and what it may mean; the rest stay ok."""
     report = load_report()
     middle = {name: (low + high) / 200 for name, (low, high, _) in report.EXPECTED.items()}
@@ -60,11 +60,11 @@ def test_the_self_check_names_each_row_outside_its_range(tmp_path):
     assert len(lines) == len(report.MODELS) and all(" ok " in line for line in lines)
 
     summaries["sft"] = {"accuracy": 0.12}
-    summaries["grpo"] = {"accuracy": 0.95}
+    summaries["opd"] = {"accuracy": 0.95}
     lines = {line.split(":")[0].split()[-1]: line for line in report.self_check(summaries)}
-    assert lines["SFT"].startswith("  CHECK  SFT: 12.0% (expected 48-81%), below the range:")
+    assert lines["SFT"].startswith("  CHECK  SFT: 12.0% (expected 75-87%), below the range:")
     assert "uv sync --locked" in lines["SFT"]
-    assert lines["GRPO"].startswith("  CHECK  GRPO: 95.0% (expected 59-87%), above the range:")
+    assert lines["OPD"].startswith("  CHECK  OPD: 95.0% (expected 65-81%), above the range:")
     assert sum("CHECK" in line for line in lines.values()) == 2
 
 
@@ -83,5 +83,62 @@ def test_the_report_prints_the_errors_and_the_check_on_a_doctored_run(tmp_path):
     )  # fmt: skip
     out = proc.stdout
     assert "± s.e." in out
-    assert "CHECK  DFT: 12.5% (expected 13-56%), below the range" in out
+    assert "CHECK  DFT: 12.5% (expected 86-99%), below the range" in out
     assert out.count("  ok     ") == len(report.MODELS) - 1
+
+
+def test_a_gain_is_paired_over_problems_and_holds_past_two_standard_errors(tmp_path):
+    """SFT gets a 1 of 2, b 0 of 2, c 2 of 2; DPO a 2 of 2, b 1 of 2, c 2 of 2. The
+    per-problem differences 0.5, 0.5, 0: a gain of 33.33 points, their standard
+    deviation 0.2887 over the square root of 3: a standard error of 16.67, so the gain is
+    exactly two standard errors, which is not past two. One more problem that both get
+    right (a difference of 0) and one DPO gets right where SFT did not (1) make it hold."""
+    report = load_report()
+    write_grades(tmp_path, "sft", {"a": [True, False], "b": [False, False], "c": [True, True]})
+    write_grades(tmp_path, "dpo", {"a": [True, True], "b": [True, False], "c": [True, True]})
+    gain, se = report.paired_gain(
+        tmp_path / "grades" / "dpo.jsonl", tmp_path / "grades" / "sft.jsonl"
+    )
+    assert gain == pytest.approx(100 / 3) and se == pytest.approx(100 * 0.5 / 3)
+    summaries = {name: {"accuracy": 0.5} for name in ("sft", "dpo")}
+    (line,) = report.claims(tmp_path, summaries)
+    assert line == (
+        "  not    DPO gains on the SFT model it starts from: +33.3 points over SFT "
+        "(paired s.e. 16.7: 2.0 s.e.)"
+    )
+    write_grades(tmp_path, "sft", {"a": [True, False], "b": [False, False], "c": [True, True],
+                                   "d": [True, True], "e": [False, False]})  # fmt: skip
+    write_grades(tmp_path, "dpo", {"a": [True, True], "b": [True, False], "c": [True, True],
+                                   "d": [True, True], "e": [True, True]})  # fmt: skip
+    (line,) = report.claims(tmp_path, summaries)
+    # differences 0.5, 0.5, 0, 0, 1: mean 0.4, s.d. 0.4183, s.e. 0.1871: 2.14 s.e.
+    assert line.startswith("  holds  DPO gains on the SFT model it starts from: +40.0 points")
+    assert line.endswith("(paired s.e. 18.7: 2.1 s.e.)")
+
+
+def test_opd_holds_at_85_percent_of_its_teacher():
+    report = load_report()
+    lines = report.claims(Path("."), {"sft": {"accuracy": 0.80}, "opd": {"accuracy": 0.72}})
+    assert lines == [
+        "  holds  OPD brings the warm start to its teacher, the SFT model: 72.0% is 90% of "
+        "its 80.0% (at least 85%)"
+    ]
+    lines = report.claims(Path("."), {"sft": {"accuracy": 0.80}, "opd": {"accuracy": 0.60}})
+    assert lines[0].startswith("  not    OPD brings") and "is 75% of its 80.0%" in lines[0]
+
+
+def test_a_completion_with_a_unicode_line_separator_is_one_row(tmp_path):
+    """An untrained model samples any token, U+2028 and U+0085 among them; JSON leaves
+    them raw in a string (pt-eval writes UTF-8), and str.splitlines would cut the row
+    there. Two problems, one of them with such a completion: 1 of 2 and 0 of 2."""
+    report = load_report()
+    rows = [
+        {"id": "a", "sample": 0, "correct": True, "completion": "12"},
+        {"id": "a", "sample": 1, "correct": False, "completion": "on\u2028P\x85x"},
+        {"id": "b", "sample": 0, "correct": False, "completion": "\u2029"},
+        {"id": "b", "sample": 1, "correct": False, "completion": "7"},
+    ]
+    path = tmp_path / "untrained.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    assert len(path.read_text().splitlines()) > len(rows)  # the trap
+    assert report.problem_means(path) == {"a": 0.5, "b": 0.0}

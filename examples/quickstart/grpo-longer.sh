@@ -6,7 +6,7 @@
 #
 # The quickstart's grpo.yaml with 4 samples per problem (16 problems a step) for
 # PT_GRPO_STEPS steps on both cores, then the held-out problems sampled and graded exactly
-# as the quickstart does (4 samples at temperature 0.6, seed 0). Prints the SFT model's and
+# as the quickstart does (8 samples at temperature 0.6, seed 0). Prints the SFT model's and
 # the GRPO model's accuracy and draws the reward curve (quickstart-out/grpo-longer.png).
 set -euo pipefail
 
@@ -40,7 +40,7 @@ pt-train run "$HERE/grpo.yaml" run_name="$NAME" rollout.samples_per_prompt=4 \
 mv "manifest-$NAME.json.tmp" "manifest-$NAME.json"  # only a finished run has a manifest
 seconds=$(( $(date +%s) - started ))
 model=$(python3 -c "import json; print(json.load(open('manifest-$NAME.json'))['path'])")
-pt-rollout generate --model "$model" --prompts data/test-prompts --engine hf --n 4 \
+pt-rollout generate --model "$model" --prompts data/test-prompts --engine hf --n 8 \
     --temperature 0.6 --max-tokens 40 --seed 0 --out "rollouts/$NAME.jsonl" \
     | pt-eval grade - --out "grades/$NAME.jsonl" > "grades-$NAME.json.tmp"
 mv "grades-$NAME.json.tmp" "grades-$NAME.json"

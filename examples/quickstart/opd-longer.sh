@@ -13,7 +13,7 @@
 #    and SFT from the warm start trains one epoch of them at OPD's learning rate and
 #    schedule, a checkpoint every fifth;
 # 3. every checkpoint is evaluated as the quickstart evaluates (the 200 held-out problems,
-#    4 samples at temperature 0.6, seed 0); prints accuracy against the student tokens
+#    8 samples at temperature 0.6, seed 0); prints accuracy against the student tokens
 #    trained on, and draws it (quickstart-out/opd-longer.png).
 # PT_OPD_STUDENT and PT_OPD_TEACHER name other checkpoints (default: the warm start and
 # the SFT model of the quickstart).
@@ -23,8 +23,8 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$REPO/examples/quickstart"
 OUT=${PT_QUICKSTART_OUT:-$PWD/quickstart-out}
 STEPS=${PT_OPD_STEPS:-150}
-STUDENT=${PT_OPD_STUDENT:-runs/sft/inference/step-120}
-TEACHER=${PT_OPD_TEACHER:-runs/sft/inference/step-235}
+STUDENT=${PT_OPD_STUDENT:-runs/sft/inference/step-240}
+TEACHER=${PT_OPD_TEACHER:-runs/sft/inference/step-600}
 BATCH=${PT_OPD_PROBLEMS:-64}  # problems a step
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} TOKENIZERS_PARALLELISM=false
@@ -85,7 +85,7 @@ echo "3/3 every checkpoint on the held-out problems (pt-eval's tables: grades/*-
 for run in opd-longer offpolicy-longer; do
     for ckpt in "runs/$run"/inference/step-*; do
         name=$run-${ckpt##*/}
-        pt-rollout generate --model "$ckpt" --prompts data/test-prompts --engine hf --n 4 \
+        pt-rollout generate --model "$ckpt" --prompts data/test-prompts --engine hf --n 8 \
             --temperature 0.6 --max-tokens 40 --seed 0 --out "rollouts/$name.jsonl" \
             | pt-eval grade - --out "grades/$name.jsonl" > "grades/$name.json" 2> "grades/$name.log"
     done

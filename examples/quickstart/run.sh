@@ -3,24 +3,27 @@
 #
 #   bash examples/quickstart/run.sh            # output in ./quickstart-out
 #
-# 1. pt-data synth     a synthetic arithmetic train/test set, and a local tokenizer
+# 1. pt-data synth     a synthetic arithmetic train/test set whose worked solutions forget
+#                      a carry or borrow in 40% of the problems that have one (the answers
+#                      the grader checks are true), and a local tokenizer
 # 2. pt-data build     templated, tokenized, packed SFT rows; train and test prompts
-# 3. pt-train run      SFT of a small Llama from random weights; its step 120 is the warm
+# 3. pt-train run      SFT of a small Llama from random weights; its step 240 is the warm
 #                      start, its last step the SFT model
-# 4. pt-train run      DFT and ASFT from the warm start, for the steps SFT took from there
+# 4. pt-train run      DFT and ASFT from the SFT model, on the same demonstrations
 # 5. pt-rollout | pt-eval grade | pt-data pairs | pt-train run: DPO from the SFT model
 #                      on pairs of its own graded samples
 # 6. pt-train run      OPD: the warm start distilled from the SFT model on its own samples
 # 7. pt-train run      GRPO from the SFT model, rewarded by pt-eval's grader
 # 8. pt-rollout generate | pt-eval grade: every model on the held-out problems; a table
 #                      and the training curves as PNG
-# Step 4 and steps 5-7 run side by side, as do the evaluations (two cores, one thread each).
+# Steps 4-7 run in two lanes side by side, as do the evaluations (two cores, one thread
+# each).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$REPO/examples/quickstart"
 OUT=${PT_QUICKSTART_OUT:-$PWD/quickstart-out}
-SAMPLES=${PT_QUICKSTART_SAMPLES:-4}
+SAMPLES=${PT_QUICKSTART_SAMPLES:-8}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} TOKENIZERS_PARALLELISM=false
 export PATH="$HOME/.local/bin:$PATH"
@@ -37,14 +40,14 @@ rm -rf "$OUT" && mkdir -p "$OUT" && cd "$OUT"
 path_of() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['path'])" "$1"; }
 
 step "1. pt-data synth arithmetic, pt-data tokenizer"
-pt-data synth arithmetic --n 8000 --n-test 200 --out synth > /dev/null
+pt-data synth arithmetic --n 8000 --n-test 200 --flawed 0.4 --out synth > /dev/null
 pt-data tokenizer --texts synth/train.jsonl --out tokenizer > /dev/null
 
 step "2. pt-data build (test prompts, training prompts)"
 pt-data build "$HERE/prompts.yaml" > /dev/null
 pt-data build "$HERE/train-prompts.yaml" > /dev/null
 
-step "3. pt-data build | pt-train run (SFT from random weights; the warm start at step 120)"
+step "3. pt-data build | pt-train run (SFT from random weights; the warm start at step 240)"
 pt-data build "$HERE/data.yaml" | pt-train run "$HERE/sft.yaml" --data - > manifest-sft.json
 pt-train init "$HERE/sft.yaml" --out runs/untrained/inference/step-0 > manifest-untrained.json
 
@@ -66,14 +69,9 @@ lanes() {  # run the given functions side by side; if one fails, stop the others
     done
 }
 
-dft_asft() {
-    # 4. DFT and ASFT from the warm start
-    pt-train run "$HERE/finetune.yaml" --data data/sft > manifest-dft.json
-    pt-train run "$HERE/finetune.yaml" run_name=asft objective.name=asft \
-        training.learning_rate=6e-4 --data data/sft > manifest-asft.json
-}
-
-dpo_opd_grpo() {
+lane_a() {
+    # 6. OPD: the warm start learns from the SFT model on its own samples
+    pt-train run "$HERE/opd.yaml" > manifest-opd.json
     # 5. DPO from the SFT model on pairs of its own graded samples
     pt-rollout generate --model - --prompts data/train-prompts --engine hf --n 4 \
         --temperature 1.0 --max-tokens 40 --seed 1 --limit 600 --out rollouts/sft-train.jsonl \
@@ -81,21 +79,26 @@ dpo_opd_grpo() {
         | pt-eval grade - --out grades/sft-train.jsonl \
         | pt-data pairs - --out data/pairs \
         | pt-train run "$HERE/dpo.yaml" --data - > manifest-dpo.json
-    # 6. OPD: the warm start learns from the SFT model on its own samples
-    pt-train run "$HERE/opd.yaml" > manifest-opd.json
+}
+
+lane_b() {
+    # 4. DFT and ASFT (DFT anchored by KL) from the SFT model on the same demonstrations
+    pt-train run "$HERE/finetune.yaml" --data data/sft > manifest-dft.json
+    pt-train run "$HERE/finetune.yaml" run_name=asft objective.name=asft --data data/sft \
+        > manifest-asft.json
     # 7. GRPO from the SFT model, rewarded by pt-eval
     pt-train run "$HERE/grpo.yaml" > manifest-grpo.json
 }
 
-step "4. pt-train run (DFT, ASFT)"
-step "   alongside: pt-rollout generate | pt-eval grade | pt-data pairs | pt-train run (DPO); pt-train run (OPD); pt-train run (GRPO)   [progress: logs/]"
-lanes dft_asft dpo_opd_grpo
+step "4-7. pt-train run (OPD); pt-rollout generate | pt-eval grade | pt-data pairs | pt-train run (DPO)   [progress: logs/]"
+step "   alongside: pt-train run (DFT, ASFT); pt-train run (GRPO)"
+lanes lane_a lane_b
 
 evaluate() {  # 8. sample the held-out problems with each model given, grade them
     local name model
     for name in "$@"; do
         case $name in
-            base) model=runs/sft/inference/step-120 ;;  # the warm start: step 120 of the SFT run
+            base) model=runs/sft/inference/step-240 ;;  # the warm start: step 240 of the SFT run
             *) model=$(path_of "manifest-$name.json") ;;
         esac
         pt-rollout generate --model "$model" --prompts data/test-prompts \

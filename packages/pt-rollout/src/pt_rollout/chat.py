@@ -1,6 +1,6 @@
 """``pt-rollout chat``: talk with a checkpoint in the terminal.
 
-    pt-rollout chat runs/sft/inference/step-235
+    pt-rollout chat runs/sft/inference/step-600
     pt-train run train.yaml | pt-rollout chat -
 
 Every turn renders the whole conversation with the model's chat template (or

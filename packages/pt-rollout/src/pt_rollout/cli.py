@@ -3,7 +3,7 @@
     pt-rollout generate --model ckpt/ --prompts prompts.jsonl --n 8 --out rollouts.jsonl
     pt-rollout score --teacher big/ --rollouts - --top-k 8 --out scores.jsonl
     pt-train run train.yaml | pt-rollout generate --model - --prompts prompts.jsonl
-    pt-rollout chat runs/sft/inference/step-235
+    pt-rollout chat runs/sft/inference/step-600
     pt-rollout serve --listen 0.0.0.0:7000 --model ckpt/ --engine vllm
     pt-rollout serve-openai --model ckpt/ --listen 127.0.0.1:8000
     pt-rollout generate --endpoint http://127.0.0.1:8000/v1 --model ckpt/ --prompts p.jsonl
