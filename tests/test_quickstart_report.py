@@ -103,8 +103,7 @@ def test_a_gain_is_paired_over_problems_and_holds_past_two_standard_errors(tmp_p
     summaries = {name: {"accuracy": 0.5} for name in ("sft", "dpo")}
     (line,) = report.claims(tmp_path, summaries)
     assert line == (
-        "  not    DPO gains on the SFT model it starts from: +33.3 points over SFT "
-        "(paired s.e. 16.7: 2.0 s.e.)"
+        "  not    DPO above the SFT model it starts from: +33.3 points (paired s.e. 16.7: 2.0 s.e.)"
     )
     write_grades(tmp_path, "sft", {"a": [True, False], "b": [False, False], "c": [True, True],
                                    "d": [True, True], "e": [False, False]})  # fmt: skip
@@ -112,7 +111,7 @@ def test_a_gain_is_paired_over_problems_and_holds_past_two_standard_errors(tmp_p
                                    "d": [True, True], "e": [True, True]})  # fmt: skip
     (line,) = report.claims(tmp_path, summaries)
     # differences 0.5, 0.5, 0, 0, 1: mean 0.4, s.d. 0.4183, s.e. 0.1871: 2.14 s.e.
-    assert line.startswith("  holds  DPO gains on the SFT model it starts from: +40.0 points")
+    assert line.startswith("  holds  DPO above the SFT model it starts from: +40.0 points ")
     assert line.endswith("(paired s.e. 18.7: 2.1 s.e.)")
 
 
@@ -120,11 +119,10 @@ def test_opd_holds_at_85_percent_of_its_teacher():
     report = load_report()
     lines = report.claims(Path("."), {"sft": {"accuracy": 0.80}, "opd": {"accuracy": 0.72}})
     assert lines == [
-        "  holds  OPD brings the warm start to its teacher, the SFT model: 72.0% is 90% of "
-        "its 80.0% (at least 85%)"
+        "  holds  OPD near its teacher, the SFT model: 72.0% is 90% of 80.0% (at least 85%)"
     ]
     lines = report.claims(Path("."), {"sft": {"accuracy": 0.80}, "opd": {"accuracy": 0.60}})
-    assert lines[0].startswith("  not    OPD brings") and "is 75% of its 80.0%" in lines[0]
+    assert lines[0].startswith("  not    OPD near") and "is 75% of 80.0%" in lines[0]
 
 
 def test_a_completion_with_a_unicode_line_separator_is_one_row(tmp_path):

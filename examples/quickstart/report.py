@@ -35,11 +35,11 @@ SFT_STEPS = 600  # DFT and ASFT continue from the SFT run's last step
 # over problems (both models answer the same problems); OPD's when the student reaches
 # OPD_SHARE of its teacher's accuracy.
 CLAIMS = (
-    ("dft", "sft", "DFT gains on the SFT model it continues, on the same demonstrations"),
-    ("asft", "sft", "ASFT gains on the SFT model it continues and is anchored to"),
-    ("dpo", "sft", "DPO gains on the SFT model it starts from"),
-    ("grpo", "sft", "GRPO gains on the SFT model it starts from"),
-    ("opd", "sft", "OPD brings the warm start to its teacher, the SFT model"),
+    ("dft", "sft", "DFT above the SFT model it continues"),
+    ("asft", "sft", "ASFT above the SFT model it continues"),
+    ("dpo", "sft", "DPO above the SFT model it starts from"),
+    ("grpo", "sft", "GRPO above the SFT model it starts from"),
+    ("opd", "sft", "OPD near its teacher, the SFT model"),
 )
 OPD_SHARE = 0.85
 
@@ -101,7 +101,6 @@ def paired_gain(grades: Path, against: Path) -> tuple[float, float] | None:
 def claims(out: Path, summaries: dict[str, dict]) -> list[str]:
     """One line per method's claim: ``holds`` or ``not``, with the figures behind it."""
     lines = []
-    labels = {name: label for name, label, _ in MODELS}
     for name, base, claim in CLAIMS:
         if name not in summaries or base not in summaries:
             continue
@@ -110,7 +109,7 @@ def claims(out: Path, summaries: dict[str, dict]) -> list[str]:
             verdict = "holds" if share >= OPD_SHARE else "not  "
             lines.append(
                 f"  {verdict}  {claim}: {100 * summaries[name]['accuracy']:.1f}% is "
-                f"{100 * share:.0f}% of its {100 * summaries[base]['accuracy']:.1f}% "
+                f"{100 * share:.0f}% of {100 * summaries[base]['accuracy']:.1f}% "
                 f"(at least {100 * OPD_SHARE:.0f}%)"
             )
             continue
@@ -120,7 +119,7 @@ def claims(out: Path, summaries: dict[str, dict]) -> list[str]:
         points, se = gain
         verdict = "holds" if points > 2 * se else "not  "
         lines.append(
-            f"  {verdict}  {claim}: {points:+.1f} points over {labels[base]} "
+            f"  {verdict}  {claim}: {points:+.1f} points "
             f"(paired s.e. {se:.1f}: {points / se if se else float('inf'):.1f} s.e.)"
         )
     return lines
