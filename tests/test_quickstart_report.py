@@ -140,3 +140,16 @@ def test_a_completion_with_a_unicode_line_separator_is_one_row(tmp_path):
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     assert len(path.read_text().splitlines()) > len(rows)  # the trap
     assert report.problem_means(path) == {"a": 0.5, "b": 0.0}
+
+
+def test_two_models_with_the_same_answers_gain_nothing(tmp_path):
+    """Every problem answered alike by both: a gain of 0 with no spread, which does not
+    hold and is 0 standard errors, not infinitely many."""
+    report = load_report()
+    answers = {"a": [True, False], "b": [False, False], "c": [True, True]}
+    write_grades(tmp_path, "sft", answers)
+    write_grades(tmp_path, "grpo", answers)
+    summaries = {name: {"accuracy": 0.5} for name in ("sft", "grpo")}
+    assert report.claims(tmp_path, summaries) == [
+        "  not    GRPO above the SFT model it starts from: +0.0 points (paired s.e. 0.0: 0.0 s.e.)"
+    ]

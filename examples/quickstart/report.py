@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -118,9 +119,10 @@ def claims(out: Path, summaries: dict[str, dict]) -> list[str]:
             continue
         points, se = gain
         verdict = "holds" if points > 2 * se else "not  "
+        # (no spread at all: every problem moved by the same amount, or none moved)
+        ratio = points / se if se else (math.copysign(math.inf, points) if points else 0.0)
         lines.append(
-            f"  {verdict}  {claim}: {points:+.1f} points "
-            f"(paired s.e. {se:.1f}: {points / se if se else float('inf'):.1f} s.e.)"
+            f"  {verdict}  {claim}: {points:+.1f} points (paired s.e. {se:.1f}: {ratio:.1f} s.e.)"
         )
     return lines
 
