@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# On-policy distillation given more samples than the quickstart's OPD, beside off-policy
-# distillation (SFT on the teacher's own samples) at the same number of student tokens:
-# run the quickstart first, then (from the same directory)
+# On-policy distillation beside off-policy distillation (SFT on the teacher's own samples)
+# at the same number of student tokens, each graded at every fifth of its run: run the
+# quickstart first, then (from the same directory)
 #
 #   bash examples/quickstart/opd-longer.sh          # 150 steps; PT_OPD_STEPS=N for others
 #
 # 1. OPD from the warm start (opd.yaml: forward KL over the teacher's top 8 and the tail)
 #    with 64 problems a step (PT_OPD_PROBLEMS=N for others) and a cosine schedule down
 #    to a tenth, an HF checkpoint every fifth of the run;
-# 2. the teacher samples two answers to each of as many problems (temperature 1.0, as
-#    OPD's student samples), pt-data builds them into packed SFT rows (offpolicy-data.yaml),
-#    and SFT from the warm start trains one epoch of them at OPD's learning rate and
-#    schedule, a checkpoint every fifth;
+# 2. the teacher samples two answers to each of half as many problems (as many samples
+#    as OPD's student draws, at its temperature 1.0), pt-data builds them into packed SFT
+#    rows (offpolicy-data.yaml), and SFT from the warm start trains one epoch of them (8
+#    rows a step) at OPD's learning rate and schedule, a checkpoint every fifth;
 # 3. every checkpoint is evaluated as the quickstart evaluates (the 200 held-out problems,
 #    8 samples at temperature 0.6, seed 0); prints accuracy against the student tokens
 #    trained on, and draws it (quickstart-out/opd-longer.png).
@@ -73,9 +73,10 @@ pt-rollout generate --model "$TEACHER" --prompts data/train-prompts --engine hf 
     --out rollouts/teacher-samples.jsonl > /dev/null
 rows=$(pt-data build "$HERE/offpolicy-data.yaml" \
     | python3 -c "import json,sys; print(json.load(sys.stdin)['rows'])")
-sft_steps=$(( (rows + 7) / 8 ))
+sft_steps=$(( (rows + 7) / 8 ))  # one epoch of 8 rows a step
 pt-train run "$HERE/finetune.yaml" --data data/offpolicy run_name=offpolicy-longer \
     objective.name=sft model.name_or_path="$STUDENT" training.learning_rate=1.0e-3 \
+    training.global_batch_size=8 training.micro_batch_size=8 \
     training.min_lr_ratio=0.1 training.weight_decay=0 training.seed=0 \
     training.max_steps=$sft_steps training.inference_steps=$(( (sft_steps + 4) / 5 )) \
     training.logging_steps=1 > /dev/null
