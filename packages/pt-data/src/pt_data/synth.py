@@ -139,21 +139,20 @@ def column_solution(a: int, op: str, b: int, *, careless: bool = False) -> tuple
 
 
 def carries(a: int, op: str, b: int) -> bool:
-    """Whether ``a op b`` passes a carry (or a borrow) from one column to the next."""
-    return column_solution(a, op, b, careless=True)[1] != (a + b if op == "+" else a - b)
+    """Whether ``a op b`` passes a carry (or a borrow) from one column to the next: the
+    careless solution then spells another value than the true one."""
+    return column_solution(a, op, b, careless=True)[1] != column_solution(a, op, b)[1]
 
 
 def arithmetic_row(a: int, op: str, b: int, row_id: str, *, flawed: bool = False) -> dict:
     """A problem, its worked solution and the true answer. ``flawed``: the solution is the
     careless one (:func:`column_solution`), marked ``"flawed": true``; ``answer`` stays
     the true value, which a grader checks against."""
-    solution, _ = column_solution(a, op, b, careless=flawed)
-    row = {
-        "id": row_id,
-        "problem": f"What is {a} {op} {b}?",
-        "solution": solution,
-        "answer": str(a + b if op == "+" else a - b),
-    }
+    solution, value = column_solution(a, op, b)
+    if flawed:
+        solution, _ = column_solution(a, op, b, careless=True)
+    row = {"id": row_id, "problem": f"What is {a} {op} {b}?", "solution": solution,
+           "answer": str(value)}  # fmt: skip
     return row | {"flawed": True} if flawed else row
 
 
