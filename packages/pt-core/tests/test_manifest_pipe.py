@@ -142,3 +142,20 @@ def test_a_command_exit_code_reaches_the_shell():
     )
     assert _run(code, "stop").returncode == 85
     assert _run(code, "other").returncode == 0
+
+
+def test_a_log_file_gets_one_whole_line_per_record():
+    """Into a file or a pipe (a SLURM job's log, where srun puts "N: " before each line), a
+    long message is one line, not wrapped at 80 columns: a message stays greppable whole."""
+    message = "shard 0/2 done; " + "word " * 40 + "/a/long/path"
+    code = textwrap.dedent(
+        f"""
+        from pt_core.log import get_logger, setup_logging
+        setup_logging()
+        get_logger("toy").info({message!r})
+        get_logger("toy").warning("short")
+        """
+    )
+    result = _run(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [f"INFO     {message}", "WARNING  short"]

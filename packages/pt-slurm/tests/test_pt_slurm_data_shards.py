@@ -65,14 +65,18 @@ def test_a_data_stage_on_two_nodes_builds_one_shard_each_and_the_same_bytes(
     result = json.loads((run_dir / "slurm" / "manifest.json").read_text())
     assert result["kind"] == "dataset" and result["path"] == str(tmp_path / "sharded")
     (err,) = (run_dir / "slurm").glob("slurm-*.err")
-    log = " ".join(err.read_text().split())
+    log = err.read_text()
     # both nodes built a shard; the one that ended first left the assembly to the other,
     # or, where both ended at once, the one that took the lock second found it assembled
+    # (each said in one whole line under srun's "N: " label)
     assert "building shard 0/2" in log and "building shard 1/2" in log
-    assert (
-        "chunks still to build by the other shards" in log
-        or "had built the rest by then, and one of them assembled" in log
-    )
+    endings = [
+        line
+        for line in log.splitlines()
+        if "chunks still to build by the other shards" in line
+        or "had built the rest by then, and one of them assembled" in line
+    ]
+    assert len(endings) == 1 and endings[0][:3] in ("0: ", "1: "), log
     assert not (tmp_path / "sharded.build").exists()
 
     single = subprocess.run(

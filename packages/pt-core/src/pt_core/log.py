@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import TypeVar
 
 from rich.console import Console
@@ -46,14 +47,31 @@ def current_rank() -> int:
     return _state["rank"]
 
 
+class _Stderr:
+    """The stderr of the moment (a test or a fork may replace ``sys.stderr``)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def setup_logging(*, quiet: bool = False, verbose: bool = False) -> None:
     """Route every ``pt_*`` logger to stderr through rich; --quiet also hides progress bars."""
     _state["quiet"] = quiet
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
     root = logging.getLogger("pt")
     root.handlers.clear()
-    handler = RichHandler(console=console, show_path=verbose, show_time=False, markup=False)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler: logging.Handler
+    if console.is_terminal:
+        handler = RichHandler(console=console, show_path=verbose, show_time=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        # a log file (SLURM's, a pipe): one line per record, not wrapped at 80 columns and
+        # padded, so a message stays whole under srun's "N: " labels and for grep
+        handler = logging.StreamHandler(_Stderr())
+        handler.setFormatter(logging.Formatter("%(levelname)-8s %(message)s"))
     handler.addFilter(_FirstRankOnly())
     root.addHandler(handler)
     root.setLevel(level)
@@ -66,9 +84,9 @@ def get_logger(name: str) -> logging.Logger:
 
 
 def progress(*extra_columns, transient: bool = False, disable: bool = False) -> Progress:
-    """A rich progress bar on stderr, disabled under --quiet, by ``disable`` (work that is a
-    part of a step another bar shows), or when stderr is not a terminal and output would
-    only be noise in a log file."""
+    """A rich progress bar on stderr, disabled under --quiet or by ``disable`` (work that is
+    a part of a step another bar shows). Where stderr is not a terminal (a log file), rich
+    does not redraw it: it is written once, as it ends."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
