@@ -6,6 +6,7 @@ key, an address or an option that is wrong is refused with one line."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -29,8 +30,8 @@ def test_processes_on_other_nodes_answer_what_started_ones_do_once_given_the_wei
     """Two listening processes started on another model (other_model_dir's) are given the
     starting weights over the connection (the files themselves, no shared directory) and
     then answer what one started process answers, split 4 + 3; and again after a push.
-    A second trainer is told they are busy; after the first has gone, the next finds them
-    at the version it left. The first server wrote the key, mode 0600."""
+    A second trainer is told they are busy, and stops with that; after the first has gone,
+    the next finds them at the version it left. The first server wrote the key, mode 0600."""
     before, after = one_process
     reqs = requests(tiny_tokenizer)
     with listening(other_model_dir, key_file, 2, "--teacher", str(other_model_dir)) as (
@@ -48,9 +49,9 @@ def test_processes_on_other_nodes_answer_what_started_ones_do_once_given_the_wei
             same(generate(pool, reqs), after)
             with (
                 pytest.raises(PtError, match="serves another trainer"),
-                GeneratorPool(addresses=addresses[:1], key_file=str(key_file)) as second,
+                GeneratorPool(addresses=addresses, key_file=str(key_file)) as second,
             ):
-                second.info()
+                generate(second, reqs)  # said as such, not as generators that ended
         with GeneratorPool(addresses=addresses, key_file=str(key_file)) as pool:
             assert [pool.info()[i]["version"] for i in (0, 1)] == [3, 3]
             same(generate(pool, reqs), after)
@@ -185,8 +186,7 @@ def test_a_stray_connection_or_a_trainer_gone_mid_answer_leaves_the_process_serv
             silent = socket.create_connection((host, port))  # says nothing, stays open
             gone = RemoteGenerator.connect(addresses[0], str(key_file))
             gone.submit_generate(reqs * 8, long)
-            gone.conn.close()  # no close message: the process finds out as it answers
-            gone.conn = None
+            gone.close(announce=False)  # no close message: the process finds out as it answers
             with GeneratorPool(addresses=addresses, key_file=str(key_file)) as pool:
                 answer = pool.wait(pool.submit_generate(reqs, long))
             silent.close()
@@ -247,3 +247,40 @@ def test_a_node_whose_name_resolves_elsewhere_is_named_by_it(monkeypatch):
         socket, "getaddrinfo", lambda *a, **k: [(socket.AF_INET, 1, 6, "", ("10.1.2.3", 0))]
     )
     assert how_trainers_name(7000) == "a trainer's rollout.servers: [node7:7000]"
+
+
+def test_closing_a_connection_leaves_the_socket_opened_next_under_its_number_alone():
+    """A trainer's connection is closed while its reader waits for a reply (a trainer that
+    lets a generator go, a test's trainer that vanishes). The reply comes after the
+    descriptor's number was given to a new socket: the old reader must not go on reading
+    under that number, taking the new socket's bytes (a pool's next handshake, which then
+    failed with "bad message length", or its replies)."""
+    import socket
+    import struct
+    import time
+    from multiprocessing.connection import Connection
+
+    from pt_rollout.serve import RemoteGenerator
+
+    mine, peer = socket.socketpair()
+    generator = RemoteGenerator(Connection(mine.detach()))
+    number = generator.conn.fileno()
+    time.sleep(0.2)  # the reader waits in a read of the socket
+    generator.close(announce=False)
+    assert not generator._reader.is_alive()
+    new, new_peer = socket.socketpair()
+    moved = new.fileno() != number  # the lowest free number is the next one's, mostly
+    if moved:
+        os.dup2(new.fileno(), number)  # the next socket, under the number the closed one had
+    try:
+        with contextlib.suppress(OSError):  # the reply the old reader waited for, late
+            peer.sendall(struct.pack("!i", 8))
+        new_peer.sendall(b"handshake")
+        time.sleep(0.3)
+        os.set_blocking(number, False)
+        assert os.read(number, 64) == b"handshake"
+    finally:
+        if moved:
+            os.close(number)
+        for sock in (new, new_peer, peer):
+            sock.close()

@@ -275,13 +275,21 @@ class RemoteGenerator:
             raise PtError(f"the generator failed: {reply['error']}")
         return reply
 
+    def refusal(self) -> PtError | None:
+        """The error to stop with when a listening process refused this trainer because it
+        serves another (None when it did not)."""
+        if not self._refused:
+            return None
+        return PtError(
+            self._refused,
+            hint="a generator serves one trainer at a time: wait for the other run to end, "
+            "or start one more generator for this run",
+        )
+
     def _raise_if_gone(self) -> None:
-        if self._refused:
-            raise PtError(
-                self._refused,
-                hint="a generator serves one trainer at a time: wait for the other run to end, "
-                "or start one more generator for this run",
-            )
+        refused = self.refusal()
+        if refused is not None:
+            raise refused
         if self.proc is None and self._replies.get("_closed"):
             raise PtError(f"{self.describe()} closed the connection; its errors are in its own log")
         if self.proc is not None and (self._replies.get("_closed") or self.proc.poll() is not None):
@@ -289,13 +297,28 @@ class RemoteGenerator:
                 f"the generator process ended (exit {self.proc.poll()}); its errors are above"
             )
 
-    def close(self) -> None:
+    def close(self, *, announce: bool = True) -> None:
+        """Say goodbye (``announce=False``: the connection just ends, as a trainer's that
+        died does), end the connection and the thread that reads it, and wait for a process
+        this started."""
         if self._transfer is not None and (self.proc is None or self.proc.poll() is None):
             self._transfer.join(timeout=60)
         conn = self.conn
         if conn is not None:
-            with contextlib.suppress(OSError):  # the process may have ended already
-                conn.send({"op": "close"})
+            if announce:
+                with contextlib.suppress(OSError):  # the process may have ended already
+                    conn.send({"op": "close"})
+            # The reader may be blocked in a read of this socket. Closing the descriptor
+            # under it would let its next read take the bytes of whatever socket is opened
+            # next under the same number (a pool's next connection: its handshake or its
+            # replies). Shut the socket down instead, so the reader sees the end and stops,
+            # and close the descriptor once it has.
+            with contextlib.suppress(OSError):
+                shut = socket.socket(fileno=os.dup(conn.fileno()))
+                with shut:
+                    shut.shutdown(socket.SHUT_RDWR)
+            if self._reader is not threading.current_thread():
+                self._reader.join(timeout=30)
             conn.close()
             self.conn = None
         if self.proc is not None and self.proc.poll() is None:

@@ -268,7 +268,12 @@ class GeneratorPool:
             self._drop(index)
 
     def _drop(self, index: int) -> None:
-        """Process ``index`` ended: keep what it answered, ask a live process for the rest."""
+        """Process ``index`` ended: keep what it answered, ask a live process for the rest.
+        One that refused this trainer because it serves another did not end: that is said,
+        and the run stops (the two runs would share its time)."""
+        refused = self._generators[index].refusal()
+        if refused is not None:
+            raise refused
         generator = self._generators.pop(index)
         owed = []
         for job in self._jobs.values():
