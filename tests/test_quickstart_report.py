@@ -50,40 +50,74 @@ def test_the_standard_error_is_over_problems(tmp_path):
     assert report.standard_error(tmp_path / "grades" / "none.jsonl") is None
 
 
-def test_the_self_check_names_each_row_outside_its_range(tmp_path):
-    """Every row at the middle of its range: all ok. Then SFT at 12% and OPD at 95%:
-    those two lines say CHECK, below/above, and what it may mean; the rest stay ok."""
+def middle(report) -> dict[str, float]:
+    """Each row's accuracy (%) with the figure its check reads at the middle of its range:
+    the SFT model's accuracy, and a gain or a share over that."""
+    kind = {name: spec[0] for name, spec in report.EXPECTED.items()}
+    mid = {name: (spec[1] + spec[2]) / 2 for name, spec in report.EXPECTED.items()}
+    return {
+        name: mid[name] if kind[name] == report.ACCURACY
+        else mid["sft"] + mid[name] if kind[name] == report.GAIN
+        else mid["sft"] * mid[name] / 100
+        for name in mid
+    }  # fmt: skip
+
+
+def test_the_self_check_reads_gains_over_sft_and_names_each_row_outside_its_range():
+    """Every row at the middle of its range: all ok. Then DFT no better than SFT and OPD at
+    half of SFT: those two say CHECK, below, and what it may mean. Then SFT at 12% with
+    every method keeping its gain over it: only SFT's line says CHECK (the gains, which
+    move less with the arithmetic than the rows, are what the methods' lines read)."""
     report = load_report()
-    middle = {name: (low + high) / 200 for name, (low, high, _) in report.EXPECTED.items()}
-    summaries = {name: {"accuracy": acc} for name, acc in middle.items()}
+    accuracy = middle(report)
+    summaries = {name: {"accuracy": acc / 100} for name, acc in accuracy.items()}
     lines = report.self_check(summaries)
     assert len(lines) == len(report.MODELS) and all(" ok " in line for line in lines)
+    sft = accuracy["sft"]
 
-    summaries["sft"] = {"accuracy": 0.12}
-    summaries["opd"] = {"accuracy": 0.95}
-    lines = {line.split(":")[0].split()[-1]: line for line in report.self_check(summaries)}
-    assert lines["SFT"].startswith("  CHECK  SFT: 12.0% (expected 75-87%), below the range:")
-    assert "uv sync --locked" in lines["SFT"]
-    assert lines["OPD"].startswith("  CHECK  OPD: 95.0% (expected 65-81%), above the range:")
+    def by_label(summaries):
+        return {line.split(":")[0].split()[-1]: line for line in report.self_check(summaries)}
+
+    lines = by_label({**summaries, "dft": {"accuracy": sft / 100},
+                      "opd": {"accuracy": sft / 200}})  # fmt: skip
+    _, low, high, _ = report.EXPECTED["dft"]
+    assert lines["DFT"].startswith(
+        f"  CHECK  DFT: {sft:.1f}%, +0.0 points over SFT (expected {low:+g} to {high:+g}), "
+        "below the range: DFT weights each token by its probability"
+    )
+    _, low, high, _ = report.EXPECTED["opd"]
+    assert lines["OPD"].startswith(
+        f"  CHECK  OPD: {sft / 2:.1f}%, 50% of SFT's (expected {low:g}-{high:g}%), below"
+    )
     assert sum("CHECK" in line for line in lines.values()) == 2
+
+    moved = {name: {"accuracy": (acc - sft + 12) / 100} for name, acc in accuracy.items()}
+    moved["opd"] = {"accuracy": accuracy["opd"] / sft * 12 / 100}
+    for name in ("untrained", "base"):
+        moved[name] = summaries[name]
+    lines = by_label(moved)
+    _, low, high, _ = report.EXPECTED["sft"]
+    assert lines["SFT"].startswith(f"  CHECK  SFT: 12.0% (expected {low:g}-{high:g}%), below")
+    assert "uv sync --locked" in lines["SFT"]
+    assert sum("CHECK" in line for line in lines.values()) == 1
 
 
 def test_the_report_prints_the_errors_and_the_check_on_a_doctored_run(tmp_path):
     """report.py on an output of eight rows, DFT doctored to 1 of 4 samples per problem
     on half the problems: its table has the ± s.e. column and the self-check ends it."""
     report = load_report()
-    for name, _, _ in report.MODELS:
-        low, high, _ = report.EXPECTED[name]
-        k = round((low + high) / 200 * 20)  # correct problems of 20, all samples alike
-        write_grades(tmp_path, name, {f"p{i}": [i < k] * 4 for i in range(20)})
-    write_grades(tmp_path, "dft", {f"p{i}": [i < 10, False, False, False] for i in range(20)})
+    for name, acc in middle(report).items():
+        k = round(acc / 100 * 40)  # correct problems of 40, all samples alike
+        write_grades(tmp_path, name, {f"p{i}": [i < k] * 4 for i in range(40)})
+    write_grades(tmp_path, "dft", {f"p{i}": [i < 20, False, False, False] for i in range(40)})
     proc = subprocess.run(
         [sys.executable, REPORT, tmp_path], capture_output=True, text=True, check=True,
-        env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"},
+        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     out = proc.stdout
     assert "± s.e." in out
-    assert "CHECK  DFT: 12.5% (expected 86-99%), below the range" in out
+    assert "CHECK  DFT: 12.5%, " in out and " points over SFT (expected " in out
+    assert "below the range: DFT weights" in out
     assert out.count("  ok     ") == len(report.MODELS) - 1
 
 

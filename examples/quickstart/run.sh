@@ -24,6 +24,7 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$REPO/examples/quickstart"
 OUT=${PT_QUICKSTART_OUT:-$PWD/quickstart-out}
 SAMPLES=${PT_QUICKSTART_SAMPLES:-8}
+SFT_SEED=${PT_QUICKSTART_SFT_SEED:-0}  # another seed stands for another CPU's arithmetic
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} TOKENIZERS_PARALLELISM=false
 export PATH="$HOME/.local/bin:$PATH"
@@ -48,7 +49,8 @@ pt-data build "$HERE/prompts.yaml" > /dev/null
 pt-data build "$HERE/train-prompts.yaml" > /dev/null
 
 step "3. pt-data build | pt-train run (SFT from random weights; the warm start at step 240)"
-pt-data build "$HERE/data.yaml" | pt-train run "$HERE/sft.yaml" --data - > manifest-sft.json
+pt-data build "$HERE/data.yaml" \
+    | pt-train run "$HERE/sft.yaml" training.seed="$SFT_SEED" --data - > manifest-sft.json
 pt-train init "$HERE/sft.yaml" --out runs/untrained/inference/step-0 > manifest-untrained.json
 
 # From here two lanes run side by side, one thread each (a model this small keeps a core
