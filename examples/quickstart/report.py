@@ -292,10 +292,10 @@ def main() -> None:
     console.print(f"training curves: {plot_curves(args.out)}")
     console.print("each method's claim, on this table:")
     for line in claims(args.out, summaries):
-        console.print(line, markup=False)
+        console.print(line, markup=False, soft_wrap=True)  # one line each, in a file too
     console.print("self-check, each row against the range the README gives:")
     for line in self_check(summaries):
-        console.print(line, markup=False)
+        console.print(line, markup=False, soft_wrap=True)  # one line each, in a file too
     if args.seconds is not None:
         console.print(f"total time: {args.seconds // 60} min {args.seconds % 60} s")
 
