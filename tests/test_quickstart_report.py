@@ -188,3 +188,36 @@ def test_two_models_with_the_same_answers_gain_nothing(tmp_path):
     assert report.claims(tmp_path, summaries) == [
         "  not    GRPO above the SFT model it starts from: +0.0 points (paired s.e. 0.0: 0.0 s.e.)"
     ]
+
+
+def test_the_kernel_bench_reads_runs_and_prints_each_checked_figure_with_its_range(tmp_path):
+    """bench/quickstart_kernels.py --no-run over three doctored runs (two kernels and a
+    seed): each row's accuracy in each run and its largest difference; then what the
+    self-check reads (SFT's accuracy, a gain over SFT, OPD's share) with min, max and the
+    range; the JSON line last, with the claims held per run."""
+    report = load_report()
+    bench = Path(__file__).resolve().parents[1] / "bench" / "quickstart_kernels.py"
+    base = {name: round(acc / 100 * 40) for name, acc in middle(report).items()}
+    for run, shift in (("default", 0), ("avx2", 2), ("seed-1", -4)):
+        for name, k in base.items():  # every row moved by `shift` problems of 40
+            k = max(0, k + shift) if name != "untrained" else 0
+            write_grades(tmp_path / run, name, {f"p{i}": [i < k] * 4 for i in range(40)})
+    proc = subprocess.run(
+        [sys.executable, bench, "--out", tmp_path, "--kernels", "default,avx2",
+         "--sft-seeds", "1", "--no-run"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    lines = proc.stdout.splitlines()
+    result = json.loads(lines[-1])
+    sft = [100 * (base["sft"] + shift) / 40 for shift in (0, 2, -4)]
+    assert result["accuracy"]["sft"] == {"default": sft[0], "avx2": sft[1], "seed 1": sft[2]}
+    assert result["max_diff"]["sft"] == 15.0  # 6 problems of 40
+    # the rows moved together, so every gain over SFT is the same in the three runs
+    gains = result["checked"]["dpo"]
+    assert len(set(gains.values())) == 1
+    assert gains["default"] == round(100 * (base["dpo"] - base["sft"]) / 40, 1)
+    (dpo,) = [line for line in lines if line.startswith("DPO ") and "(gain over SFT)" in line]
+    _, low, high, _ = report.EXPECTED["dpo"]
+    assert dpo.endswith(f"{low:g} to {high:g} (gain over SFT)")
+    assert set(result["claims_held"]) == {"default", "avx2", "seed 1"}
+    assert "seconds" not in proc.stdout.split("{")[0]  # nothing was run, nothing timed
