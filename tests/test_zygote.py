@@ -256,7 +256,13 @@ def test_a_signal_ends_the_forked_command_as_it_ends_a_plain_one():
         assert (proc._zygote_conn is not None) == (name == "forked")
         wait_reading_stdin(forks if name == "shell" else lambda p=proc: [p.pid])
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=300)
+        # stdin stays open until it has ended: closing it (communicate) would race the
+        # signal with an end of input, which a loaded machine let win (a config error)
+        proc.wait(timeout=300)
+        assert proc.stdin is not None and proc.stderr is not None and proc.stdout is not None
+        err = proc.stderr.read()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            pipe.close()
         ends[name] = (proc.returncode, err)
     assert ends["forked"] == ends["shell"] == ends["plain"], ends
 
