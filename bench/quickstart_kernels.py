@@ -60,7 +60,9 @@ def main() -> int:
                         help="read the runs already in --out instead of running them")  # fmt: skip
     opts = parser.parse_args()
     kernels = opts.kernels.split(",") if opts.kernels else cpu_kernels()
-    seeds = [int(s) for s in opts.sft_seeds.split(",") if s.strip()]
+    seeds = [s.strip() for s in opts.sft_seeds.split(",") if s.strip()]
+    if not all(s.isdigit() for s in seeds):
+        parser.error(f"--sft-seeds {opts.sft_seeds!r}: give whole numbers, comma-separated")
     runs = [(k, {"ATEN_CPU_CAPABILITY": k}) for k in kernels] + [
         (f"seed {s}", {"ATEN_CPU_CAPABILITY": "default", "PT_QUICKSTART_SFT_SEED": str(s)})
         for s in seeds

@@ -142,6 +142,24 @@ def test_a_longer_script_names_a_bad_step_count_before_it_writes(tmp_path, scrip
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(("variable", "bad", "what"), [
+    ("PT_QUICKSTART_SFT_SEED", "x1", "a seed"), ("PT_QUICKSTART_SFT_SEED", "-1", "a seed"),
+    ("PT_QUICKSTART_SAMPLES", "0", "a number of samples"),
+    ("PT_QUICKSTART_SAMPLES", "eight", "a number of samples"),
+])  # fmt: skip
+def test_the_quickstart_names_a_bad_knob_before_it_installs_or_writes(tmp_path, variable, bad,
+                                                                      what):  # fmt: skip
+    proc = subprocess.run(
+        ["bash", str(EXAMPLES / "quickstart" / "run.sh")],
+        capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, variable: bad, "PT_QUICKSTART_OUT": str(tmp_path / "out")},
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == f"error: {variable}={bad} is not {what}"
+    assert len(proc.stderr.splitlines()) == 2 and "install" not in proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_opd_longer_runs_both_distillations_and_draws_their_curves(quickstart_out, tmp_path):
     """opd-longer.sh on a copy of the session's small quickstart output (its SFT run's

@@ -221,3 +221,16 @@ def test_the_kernel_bench_reads_runs_and_prints_each_checked_figure_with_its_ran
     assert dpo.endswith(f"{low:g} to {high:g} (gain over SFT)")
     assert set(result["claims_held"]) == {"default", "avx2", "seed 1"}
     assert "seconds" not in proc.stdout.split("{")[0]  # nothing was run, nothing timed
+
+
+def test_the_kernel_bench_refuses_a_seed_that_is_not_a_number(tmp_path):
+    bench = Path(__file__).resolve().parents[1] / "bench" / "quickstart_kernels.py"
+    proc = subprocess.run(
+        [sys.executable, bench, "--out", tmp_path, "--sft-seeds", "1,x"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1].endswith(
+        "error: --sft-seeds '1,x': give whole numbers, comma-separated"
+    )
+    assert not list(tmp_path.iterdir())

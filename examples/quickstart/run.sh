@@ -25,6 +25,16 @@ HERE="$REPO/examples/quickstart"
 OUT=${PT_QUICKSTART_OUT:-$PWD/quickstart-out}
 SAMPLES=${PT_QUICKSTART_SAMPLES:-8}
 SFT_SEED=${PT_QUICKSTART_SFT_SEED:-0}  # another seed stands for another CPU's arithmetic
+if [[ ! "$SAMPLES" =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: PT_QUICKSTART_SAMPLES=$SAMPLES is not a number of samples" >&2
+    echo "hint: a whole number above 0, e.g. PT_QUICKSTART_SAMPLES=8" >&2
+    exit 2
+fi
+if [[ ! "$SFT_SEED" =~ ^[0-9]+$ ]]; then
+    echo "error: PT_QUICKSTART_SFT_SEED=$SFT_SEED is not a seed" >&2
+    echo "hint: a whole number, e.g. PT_QUICKSTART_SFT_SEED=1" >&2
+    exit 2
+fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} TOKENIZERS_PARALLELISM=false
 export PATH="$HOME/.local/bin:$PATH"

@@ -317,8 +317,7 @@ class RemoteGenerator:
                 shut = socket.socket(fileno=os.dup(conn.fileno()))
                 with shut:
                     shut.shutdown(socket.SHUT_RDWR)
-            if self._reader is not threading.current_thread():
-                self._reader.join(timeout=30)
+            self._reader.join(timeout=30)
             conn.close()
             self.conn = None
         if self.proc is not None and self.proc.poll() is None:
