@@ -81,11 +81,20 @@ def main() -> int:
         if not opts.no_run:
             print(f"== quickstart, {' '.join(f'{k}={v}' for k, v in extra.items())} -> {out}",
                   flush=True)  # fmt: skip
-            subprocess.run(
-                ["bash", str(QUICKSTART / "run.sh")], env=env, check=True,
+            done = subprocess.run(
+                ["bash", str(QUICKSTART / "run.sh")], env=env,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
+            if done.returncode != 0:
+                print(f"error: the quickstart failed (exit {done.returncode}) for {run}; "
+                      f"its logs are in {out}/logs", file=sys.stderr)  # fmt: skip
+                return 1
             seconds[run] = round(time.monotonic() - started)
+        missing = [n for n, _, _ in report.MODELS if not (out / f"grades-{n}.json").is_file()]
+        if missing:
+            print(f"error: {out} has no grades-{missing[0]}.json: no finished quickstart run "
+                  f"there (run it without --no-run)", file=sys.stderr)  # fmt: skip
+            return 2
         summaries = {}
         for name, _, _ in report.MODELS:
             summary = json.loads((out / f"grades-{name}.json").read_text().splitlines()[-1])

@@ -223,7 +223,7 @@ def test_the_kernel_bench_reads_runs_and_prints_each_checked_figure_with_its_ran
     assert "seconds" not in proc.stdout.split("{")[0]  # nothing was run, nothing timed
 
 
-def test_the_kernel_bench_refuses_a_seed_that_is_not_a_number(tmp_path):
+def test_the_kernel_bench_refuses_a_bad_seed_and_an_output_with_no_run(tmp_path):
     bench = Path(__file__).resolve().parents[1] / "bench" / "quickstart_kernels.py"
     proc = subprocess.run(
         [sys.executable, bench, "--out", tmp_path, "--sft-seeds", "1,x"],
@@ -234,3 +234,12 @@ def test_the_kernel_bench_refuses_a_seed_that_is_not_a_number(tmp_path):
         "error: --sft-seeds '1,x': give whole numbers, comma-separated"
     )
     assert not list(tmp_path.iterdir())
+    proc = subprocess.run(
+        [sys.executable, bench, "--out", tmp_path, "--kernels", "default", "--no-run"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"error: {tmp_path / 'default'} has no grades-untrained.json: no finished quickstart "
+        "run there (run it without --no-run)\n"
+    )
