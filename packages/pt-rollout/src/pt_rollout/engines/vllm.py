@@ -31,6 +31,29 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def separate_inductor_cache() -> None:
+    """Give a process that sets ``ATEN_CPU_CAPABILITY`` a compile cache of its own.
+
+    vLLM compiles some of its sampler with torch's inductor even with eager models. torch's
+    compile cache keys a kernel without the vector instructions it was generated for.
+    ``ATEN_CPU_CAPABILITY`` changes those instructions. So a kernel vectorised for AVX2 by
+    one run is found by a run under ``ATEN_CPU_CAPABILITY=default``, built without AVX2, and
+    fails to compile ("'at::vec' has not been declared").
+
+    Each value of the variable therefore gets its own folder next to torch's default,
+    ``torchinductor_<user>-<value>``. A cache named in ``TORCHINDUCTOR_CACHE_DIR`` other than
+    torch's default is left alone."""
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if not capability:
+        return
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    default = os.path.abspath(default_cache_dir())
+    named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if named is None or os.path.abspath(named) == default:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}-{capability}"
+
+
 class VLLMEngine(Engine):
     name = "vllm"
 
@@ -66,6 +89,7 @@ class VLLMEngine(Engine):
         ``sleep_level`` (1 or 2, on a GPU): the engine is built for vLLM's sleep mode, and
         :meth:`sleep` frees its memory at that level until :meth:`wake_up`."""
         _quiet_vllm_logging()
+        separate_inductor_cache()
         from vllm import LLM  # pyright: ignore[reportMissingImports]
         from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
 
