@@ -298,6 +298,37 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(point)], check=False)
 
 
+_PASSED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.stash[_PASSED] = report.passed
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _empty_the_tmp_path_of_a_passed_test(request):
+    """A test's tmp_path is emptied once it has passed; a failing test's stays, to be read.
+    Kept, the real-shape models and checkpoints the tests write come to 8 GB by the end of
+    a run. The folder itself stays: pytest numbers a test's folder after those that exist,
+    and a folder removed would be given again to the next test of a similar name, whose
+    Python files pt would find already loaded under that path."""
+    import shutil
+
+    path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if path is None or not request.node.stash.get(_PASSED, False):
+        return
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
 @pytest.fixture
 def commands_take_ctrl_c():
     """Under a shell that started the tests in the background SIGINT is ignored, and the
