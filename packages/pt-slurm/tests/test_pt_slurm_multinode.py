@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pt_slurm.state import read_state
 
 pytest.importorskip("torch.distributed", reason="the distributed stand-in needs torch")
 
@@ -60,11 +59,10 @@ def test_two_node_job_rendezvous_and_self_healing(
         )
         slurm_cluster.signal_batch(job_id, "USR1")
 
-    def finished():
-        st = read_state(run_dir)
-        return st if slurm_cluster.job(job_id).get("JobState") == "COMPLETED" else None
-
-    st = slurm_cluster.wait_until(finished, "the job to complete", timeout=240)
+    # Both the job and the run's state have to be over: a state read before SLURM's
+    # "COMPLETED" may be the one the batch script had not yet replaced.
+    st = slurm_cluster.wait_final(job_id, run_dir, timeout=240)
+    assert slurm_cluster.job(job_id).get("JobState") == "COMPLETED"
 
     starts = [json.loads(x) for x in (run_dir / "starts.jsonl").read_text().splitlines()]
     assert len(starts) == (2 if signalled else 1)  # signalled: requeued and started again
