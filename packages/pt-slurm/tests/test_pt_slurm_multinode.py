@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-
 pytest.importorskip("torch.distributed", reason="the distributed stand-in needs torch")
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
