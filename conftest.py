@@ -4,6 +4,7 @@ locally once per test session (no network)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -273,7 +274,6 @@ def small_disk(tmp_path):
     """``make(megabytes) -> SmallDisk``: a tmpfs mounted under ``tmp_path`` and unmounted
     after the test, to run out of space for real; skips where this process may not mount
     one (not root, or a container that forbids it)."""
-    import shutil
     import subprocess
 
     mounted = []
@@ -313,20 +313,14 @@ def pytest_runtest_makereport(item, call):
 def _empty_the_tmp_path_of_a_passed_test(request):
     """A test's tmp_path is emptied once it has passed; a failing test's stays, to be read.
     Kept, the real-shape models and checkpoints the tests write come to 8 GB by the end of
-    a run. The folder itself stays: pytest numbers a test's folder after those that exist,
+    a run. The folder is made again, empty: pytest numbers a test's folder after those that exist,
     and a folder removed would be given again to the next test of a similar name, whose
     Python files pt would find already loaded under that path."""
-    import shutil
-
     path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
     yield
-    if path is None or not request.node.stash.get(_PASSED, False):
-        return
-    for child in path.iterdir():
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child, ignore_errors=True)
-        else:
-            child.unlink(missing_ok=True)
+    if path is not None and request.node.stash.get(_PASSED, False):
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(mode=0o700, exist_ok=True)
 
 
 @pytest.fixture
